@@ -1,0 +1,506 @@
+"""Simulated DGX Spark clusters: N booted systemd-nspawn nodes on one machine.
+
+Each node is a Debian system with systemd as PID 1 in a network namespace of
+its own. Nodes reach this machine over a management bridge and each other over
+a fabric link named like a ConnectX-7 port. No test address is routable from
+the root namespace except through the harness's own bridge, and nothing here
+touches a global network setting of the machine.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import image
+from .util import log, run
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins"
+TEST_GROUP_VARS = REPO / "tests" / "inventory" / "group_vars"
+
+STATE_ROOT = Path(os.environ.get("SPARK_SIM_STATE", "/run/spark-sim"))
+WORK_ROOT = Path(os.environ.get("SPARK_SIM_WORK", "/var/tmp/spark-sim"))
+CACHE_ROOT = Path(os.environ.get("SPARK_SIM_CACHE", "/var/cache/spark-sim"))
+
+MGMT_IFACE = "enP7s7"  # the DGX Spark's onboard 10GbE port
+FABRIC_IFACE = "enp1s0f1np1"  # the ConnectX-7 port NVIDIA's two-Spark guide cables
+# Two /16s no ordinary site uses; one /24 of each per cluster instance.
+MGMT_BASE = "10.231"
+FABRIC_BASE = "10.232"
+MAX_INSTANCES = 200
+NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+
+
+@dataclass
+class Node:
+    name: str
+    rank: int
+    mgmt_ip: str
+    fabric_ip: str
+    netns: str
+    host_veth: str
+    pid: int = 0
+    dir: str = ""
+
+
+@dataclass
+class Cluster:
+    instance: str
+    index: int
+    bridge: str
+    bridge_ip: str
+    fabric_subnet: str
+    switch_netns: str | None
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_ROOT / self.instance
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "inventory"
+
+    def save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "cluster.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, instance: str) -> Cluster | None:
+        path = STATE_ROOT / instance / "cluster.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["nodes"] = [Node(**n) for n in data["nodes"]]
+        return cls(**data)
+
+
+def _cgroup_root() -> Path:
+    # Pure cgroup v2 hosts mount it at /sys/fs/cgroup; hybrid hosts under unified/.
+    for candidate in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (candidate / "cgroup.procs").exists() and (candidate / "cgroup.subtree_control").exists():
+            return candidate
+    raise RuntimeError("harness: no cgroup v2 hierarchy found under /sys/fs/cgroup")
+
+
+def _node_cgroup(instance: str, node: str) -> Path:
+    return _cgroup_root() / "spark-sim" / instance / node
+
+
+def _allocate_index(instance: str) -> int:
+    used = set()
+    if STATE_ROOT.exists():
+        for d in STATE_ROOT.iterdir():
+            c = Cluster.load(d.name)
+            if c and c.instance != instance:
+                used.add(c.index)
+    for i in range(1, MAX_INSTANCES):
+        if i not in used:
+            return i
+    raise RuntimeError("harness: no free cluster index; tear down old instances")
+
+
+def key_paths() -> tuple[Path, Path]:
+    keydir = CACHE_ROOT / "keys"
+    key = keydir / "id_ed25519"
+    if not key.exists():
+        keydir.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "spark-sim", "-f", str(key)])
+    return key, key.with_suffix(".pub")
+
+
+def _lock():
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    f = open(STATE_ROOT / ".lock", "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None) -> Cluster:
+    if not NAME_RE.match(instance):
+        raise SystemExit(f"harness: instance name {instance!r} must match {NAME_RE.pattern}")
+    if nodes < 2:
+        raise SystemExit("harness: a TP cluster needs at least 2 nodes")
+    rootfs = image.ensure_image(CACHE_ROOT)
+    wheels = image.ensure_wheelhouse(CACHE_ROOT, rootfs)
+    with _lock():
+        existing = Cluster.load(instance)
+        if existing:
+            log(f"instance {instance} exists; tearing it down first")
+            _down(existing)
+        index = _allocate_index(instance)
+        cluster = Cluster(
+            instance=instance,
+            index=index,
+            bridge=f"spsim{index}br",
+            bridge_ip=f"{MGMT_BASE}.{index}.1",
+            fabric_subnet=f"{FABRIC_BASE}.{index}.0/24",
+            switch_netns=f"spsim-{instance}-sw" if nodes > 2 else None,
+        )
+        for rank in range(nodes):
+            cluster.nodes.append(
+                Node(
+                    name=f"spark-{rank}",
+                    rank=rank,
+                    mgmt_ip=f"{MGMT_BASE}.{index}.{10 + rank}",
+                    fabric_ip=f"{FABRIC_BASE}.{index}.{10 + rank}",
+                    netns=f"spsim-{instance}-{rank}",
+                    host_veth=f"spsim{index}m{rank}",
+                    dir=str(WORK_ROOT / instance / f"spark-{rank}"),
+                )
+            )
+        cluster.save()  # saved early so that a failed bring-up can still be torn down
+        try:
+            _network_up(cluster)
+            for node in cluster.nodes:
+                _prepare_node(cluster, node, rootfs, wheels, (knobs or {}).get(node.name, {}))
+            for node in cluster.nodes:
+                _boot(cluster, node)
+                cluster.save()
+            for node in cluster.nodes:
+                _wait_ready(node)
+            _write_inventory(cluster)
+        except BaseException:
+            log("bring-up failed; tearing down what was created")
+            _down(cluster)
+            raise
+        cluster.save()
+    log(f"instance {instance}: {nodes} nodes up; inventory {cluster.inventory}")
+    return cluster
+
+
+def _network_up(c: Cluster) -> None:
+    run(["ip", "link", "add", c.bridge, "type", "bridge"])
+    run(["ip", "addr", "add", f"{c.bridge_ip}/24", "dev", c.bridge])
+    run(["ip", "link", "set", c.bridge, "up"])
+    # The fabric subnet exists only between node namespaces; from here it
+    # must fail at once rather than follow the default route off the machine.
+    run(["ip", "route", "add", "unreachable", c.fabric_subnet])
+    for n in c.nodes:
+        run(["ip", "netns", "add", n.netns])
+        run(["ip", "-n", n.netns, "link", "set", "lo", "up"])
+        # Created with final names: veth has no permanent MAC to match on.
+        run(["ip", "link", "add", n.host_veth, "type", "veth", "peer", "name", MGMT_IFACE, "netns", n.netns])
+        run(["ip", "link", "set", n.host_veth, "master", c.bridge, "up"])
+        run(["ip", "-n", n.netns, "addr", "add", f"{n.mgmt_ip}/24", "dev", MGMT_IFACE])
+        run(["ip", "-n", n.netns, "link", "set", MGMT_IFACE, "up"])
+    if len(c.nodes) == 2:
+        a, b = c.nodes
+        # The DGX back-to-back cable.
+        run(["ip", "link", "add", FABRIC_IFACE, "netns", a.netns, "type", "veth",
+             "peer", "name", FABRIC_IFACE, "netns", b.netns])
+        for n in (a, b):
+            run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "up"])
+    else:
+        # A jumbo-capable switch: a bridge in a namespace of its own.
+        sw = c.switch_netns
+        run(["ip", "netns", "add", sw])
+        run(["ip", "-n", sw, "link", "add", "fabric", "type", "bridge"])
+        run(["ip", "-n", sw, "link", "set", "fabric", "mtu", "9000", "up"])
+        for n in c.nodes:
+            port = f"port{n.rank}"
+            run(["ip", "link", "add", FABRIC_IFACE, "netns", n.netns, "type", "veth", "peer", "name", port, "netns", sw])
+            run(["ip", "-n", sw, "link", "set", port, "mtu", "9000", "master", "fabric", "up"])
+            run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "up"])
+
+
+def _prepare_node(c: Cluster, n: Node, rootfs: Path, wheels: Path, knobs: dict) -> None:
+    d = Path(n.dir)
+    shutil.rmtree(d, ignore_errors=True)
+    for sub in ("upper", "work", "merged"):
+        (d / sub).mkdir(parents=True)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={rootfs},upperdir={d / 'upper'},workdir={d / 'work'}", str(d / "merged")])
+    m = d / "merged"
+    (m / "etc/hostname").write_text(n.name + "\n")
+    (m / "etc/machine-id").write_text(run(["systemd-id128", "new"], capture=True))
+    hosts = ["127.0.0.1 localhost", f"127.0.1.1 {n.name}", "::1 localhost ip6-localhost ip6-loopback"]
+    hosts += [f"{o.mgmt_ip} {o.name}" for o in c.nodes]
+    (m / "etc/hosts").write_text("\n".join(hosts) + "\n")
+    # No DNS here: an empty resolv.conf fails lookups at once instead of after 10 s.
+    (m / "etc/resolv.conf").unlink(missing_ok=True)
+    (m / "etc/resolv.conf").write_text("")
+    run(["ssh-keygen", "-q", "-A", "-f", str(m)])
+    _, pub = key_paths()
+    auth = m / "root/.ssh/authorized_keys"
+    auth.parent.mkdir(mode=0o700, exist_ok=True)
+    auth.write_text(pub.read_text())
+    auth.chmod(0o600)
+    _install_standins(m)
+    (m / "opt/spark-sim").mkdir(parents=True, exist_ok=True)
+    set_knobs_in(m, knobs)
+    shutil.copytree(wheels, m / "opt/spark-sim/wheels", dirs_exist_ok=True)
+
+
+def _install_standins(m: Path) -> None:
+    """Tools DGX OS has and Debian lacks, as test stand-ins (tests/standins)."""
+    for tool in sorted((STANDINS / "bin").glob("*")):
+        dest = m / "usr/bin" / tool.name
+        shutil.copy2(tool, dest)
+        dest.chmod(0o755)
+    lib = m / "usr/lib/spark-sim"
+    lib.mkdir(parents=True, exist_ok=True)
+    for f in sorted((STANDINS / "lib").glob("*")):
+        if f.is_file():
+            shutil.copy2(f, lib / f.name)
+
+
+def knob_path(merged: Path) -> Path:
+    return merged / "etc/spark-sim/node.json"
+
+
+def set_knobs_in(merged: Path, knobs: dict) -> None:
+    """Deep-merge per-node stand-in knobs (see tests/standins/README.md)."""
+    path = knob_path(merged)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for section, values in knobs.items():
+        if isinstance(values, dict):
+            current.setdefault(section, {}).update(values)
+        else:
+            current[section] = values
+    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    # A node without the driver has no nvidia-smi at all.
+    smi = merged / "usr/bin/nvidia-smi"
+    if current.get("gpu", {}).get("installed", True) is False:
+        smi.unlink(missing_ok=True)
+    elif not smi.exists() and (STANDINS / "bin/nvidia-smi").exists():
+        shutil.copy2(STANDINS / "bin/nvidia-smi", smi)
+        smi.chmod(0o755)
+
+
+def set_knobs(instance: str, node: str, knobs: dict) -> None:
+    c = Cluster.load(instance)
+    if c is None:
+        raise SystemExit(f"harness: no instance {instance}")
+    n = next((x for x in c.nodes if x.name == node), None)
+    if n is None:
+        raise SystemExit(f"harness: instance {instance} has no node {node}")
+    set_knobs_in(Path(n.dir) / "merged", knobs)
+
+
+def _boot(c: Cluster, n: Node) -> None:
+    cg = _node_cgroup(c.instance, n.name)
+    cg.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
+    logf = open(Path(n.dir) / "console.log", "w")
+    # nsenter, not `ip netns exec`: the latter remounts /sys and breaks
+    # nspawn's view of the cgroup tree. The node gets a cgroup of its own so
+    # that it can shut down cleanly with SSH sessions still open.
+    script = (
+        'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
+    )
+    proc = subprocess.Popen(
+        [
+            "bash", "-c", script, "boot", str(cg),
+            "nsenter", f"--net=/run/netns/{n.netns}",
+            "systemd-nspawn", "--boot", "--register=no", "--keep-unit",
+            "--capability=CAP_NET_ADMIN", "--console=passive",
+            f"--machine=spsim-{c.instance}-{n.name}", f"--hostname={n.name}",
+            "-D", str(Path(n.dir) / "merged"),
+        ],
+        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+        env=env, start_new_session=True,
+    )
+    n.pid = proc.pid
+
+
+def _wait_ready(n: Node, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if n.pid and not _alive(n.pid):
+            raise RuntimeError(f"harness: {n.name} exited during boot; see {n.dir}/console.log")
+        try:
+            with socket.create_connection((n.mgmt_ip, 22), timeout=2):
+                pass
+            out = ssh(n, "systemctl is-system-running --wait", check=False, timeout=60)
+            last = out.strip()
+            if last in ("running", "degraded"):
+                if last == "degraded":
+                    failed = ssh(n, "systemctl --failed --no-legend --plain", check=False)
+                    log(f"{n.name} booted degraded: {failed.strip()}")
+                return
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"harness: {n.name} not ready after {timeout}s (last state {last!r}); see {n.dir}/console.log")
+
+
+def ssh_base(n: Node, known_hosts: str = "/dev/null") -> list[str]:
+    key, _ = key_paths()
+    return [
+        "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+        "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={known_hosts}",
+        "-o", "ConnectTimeout=5", f"root@{n.mgmt_ip}",
+    ]
+
+
+def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60) -> str:
+    proc = subprocess.run(ssh_base(n) + [command], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ssh {n.name} {command!r} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _write_inventory(c: Cluster) -> None:
+    key, _ = key_paths()
+    inv = c.inventory
+    shutil.rmtree(inv, ignore_errors=True)
+    inv.mkdir(parents=True)
+    known = c.state_dir / "known_hosts"
+    lines = []
+    for n in c.nodes:
+        for pub in sorted((Path(n.dir) / "merged/etc/ssh").glob("ssh_host_*_key.pub")):
+            keytype, keydata = pub.read_text().split()[:2]
+            lines.append(f"{n.mgmt_ip} {keytype} {keydata}")
+    known.write_text("\n".join(lines) + "\n")
+    head, *workers = c.nodes
+
+    def host(n: Node) -> dict:
+        return {"ansible_host": n.mgmt_ip, "spark_fabric_ip": n.fabric_ip}
+
+    inventory = {
+        "spark": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(key),
+                "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
+                "spark_fabric_interface": FABRIC_IFACE,
+                "spark_fabric_prefix": ipaddress.ip_network(c.fabric_subnet).prefixlen,
+                "spark_sim_controller_ip": c.bridge_ip,
+            },
+            "children": {
+                "spark_head": {"hosts": {head.name: host(head)}},
+                "spark_workers": {"hosts": {w.name: host(w) for w in workers}},
+            },
+        }
+    }
+    (inv / "hosts.json").write_text(json.dumps(inventory, indent=2) + "\n")
+    if TEST_GROUP_VARS.exists():
+        (inv / "group_vars").symlink_to(TEST_GROUP_VARS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours still answers kill(0).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def down(instance: str = "sim") -> None:
+    with _lock():
+        c = Cluster.load(instance)
+        if c is None:
+            log(f"instance {instance}: nothing to tear down")
+            return
+        _down(c)
+    log(f"instance {instance}: torn down")
+
+
+def _down(c: Cluster) -> None:
+    for n in c.nodes:
+        if n.pid and _alive(n.pid):
+            # nspawn turns SIGTERM into an orderly poweroff of the node.
+            os.kill(n.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for n in c.nodes:
+        while n.pid and _alive(n.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for n in c.nodes:
+        _kill_cgroup(_node_cgroup(c.instance, n.name))
+        merged = Path(n.dir) / "merged"
+        if os.path.ismount(merged):
+            if subprocess.run(["umount", str(merged)], capture_output=True).returncode != 0:
+                run(["umount", "-l", str(merged)], check=False, quiet=True)
+        shutil.rmtree(n.dir, ignore_errors=True)
+        shutil.rmtree(f"/run/systemd/nspawn/propagate/spsim-{c.instance}-{n.name}", ignore_errors=True)
+        run(["ip", "link", "del", n.host_veth], check=False, quiet=True)
+        run(["ip", "netns", "del", n.netns], check=False, quiet=True)
+    if c.switch_netns:
+        run(["ip", "netns", "del", c.switch_netns], check=False, quiet=True)
+    run(["ip", "route", "del", "unreachable", c.fabric_subnet], check=False, quiet=True)
+    run(["ip", "link", "del", c.bridge], check=False, quiet=True)
+    _rmdir_tree(_cgroup_root() / "spark-sim" / c.instance)
+    try:
+        (_cgroup_root() / "spark-sim").rmdir()
+    except OSError:
+        pass  # another instance still lives there
+    shutil.rmtree(c.state_dir, ignore_errors=True)
+    try:
+        (WORK_ROOT / c.instance).rmdir()
+    except OSError:
+        pass
+
+
+def _kill_cgroup(cg: Path) -> None:
+    if not cg.exists():
+        return
+    if (cg / "cgroup.kill").exists():
+        (cg / "cgroup.kill").write_text("1")
+    else:
+        for procs in cg.rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(p.read_text().strip() for p in cg.rglob("cgroup.procs")):
+        time.sleep(0.1)
+
+
+def _rmdir_tree(root: Path) -> None:
+    if not root.exists():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    try:
+        root.rmdir()
+    except OSError:
+        pass
+
+
+def instances() -> list[Cluster]:
+    if not STATE_ROOT.exists():
+        return []
+    return [c for d in sorted(STATE_ROOT.iterdir()) if d.is_dir() and (c := Cluster.load(d.name))]
+
+
+def leftovers() -> list[str]:
+    """Anything of the harness still on this machine (used by teardown tests)."""
+    found = []
+    netns = run(["ip", "netns", "list"], capture=True, check=False)
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith("spsim-")]
+    links = run(["ip", "-o", "link", "show"], capture=True)
+    found += [f"link {m}" for m in re.findall(r"^\d+: (spsim[^:@]*)", links, re.M)]
+    routes = run(["ip", "route", "show"], capture=True)
+    found += [f"route {line}" for line in routes.splitlines() if line.startswith(("unreachable " + FABRIC_BASE, MGMT_BASE, FABRIC_BASE))]
+    mounts = Path("/proc/mounts").read_text()
+    found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(WORK_ROOT) in line]
+    cg = _cgroup_root() / "spark-sim"
+    if cg.exists():
+        found += [f"cgroup {p}" for p in cg.iterdir() if p.is_dir()]
+    ps = run(["ps", "-eo", "pid,args"], capture=True)
+    found += [f"process {line.strip()}" for line in ps.splitlines() if "systemd-nspawn" in line and "spsim-" in line]
+    return found
