@@ -1,0 +1,479 @@
+"""Validation and argument rendering for the sglang_server flag model.
+
+The data (defaults, kinds, ranges, guard rails) lives in the role's
+vars/main.yml as ``__sglang_server_flag_model``; this module only interprets
+it, so the unit, server-args.json and the assert share one computation.
+
+Validation collects every problem instead of stopping at the first one: an
+operator fixing one error per 20-minute model load would never finish.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import posixpath
+import re
+from collections.abc import Mapping
+
+# Values end up unquoted in a systemd ExecStart line: whitespace, quotes, `$`,
+# `%` (systemd specifiers), `\` and `;` would change what docker receives.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+,=-]+$")
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
+FLOAT_TEXT = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+DOCKER_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
+UNIT_NAME = re.compile(r"^[A-Za-z0-9_.@-]+\.service$")
+IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+HCA = re.compile(r"^[A-Za-z0-9_]+(:[0-9]+)?$")
+
+OVR = "sglang_server_flag_overrides"
+ACK = "sglang_server_acknowledge_backend_change"
+
+
+def _show(value):
+    """Render a value the way the operator typed it in YAML."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _is_bool(value):
+    return isinstance(value, bool)
+
+
+def _as_int(value):
+    if _is_bool(value):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and INT_TEXT.match(value.strip()):
+        return int(value.strip())
+    return None
+
+
+def _as_float(value):
+    if _is_bool(value):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and FLOAT_TEXT.match(value.strip()):
+        return float(value.strip())
+    return None
+
+
+def _fmt_number(value):
+    if isinstance(value, float):
+        return repr(value).rstrip("0").rstrip(".") if "." in repr(value) else repr(value)
+    return str(value)
+
+
+def _index(model):
+    flags = {}
+    aliases = {}
+    for spec in model["flags"]:
+        flags[spec["name"]] = spec
+        for alias in spec.get("aliases", []):
+            aliases[alias] = spec["name"]
+    return flags, aliases
+
+
+def _vocabulary(model):
+    flags, aliases = _index(model)
+    return sorted(set(flags) | set(aliases) | set(model.get("known", [])) | set(model.get("secrets", {})))
+
+
+def _check_override(name, value, spec, ack, errors):
+    """Validate one override of a flag the model describes; return the normalised value."""
+    where = f"{OVR}[{name!r}] = {_show(value)}"
+    kind = spec["kind"]
+    dropped = value is None or value is False
+    default = spec.get("default")
+
+    if spec.get("acknowledge") and not ack:
+        changed = dropped or (kind != "switch" and str(value) != str(default)) or (kind == "switch" and value is not True)
+        if changed:
+            action = "drops" if dropped else "changes"
+            errors.append(
+                f"{where}: this {action} the load-bearing --{name} {'switch' if kind == 'switch' else _show(default)} "
+                f"({spec.get('why', 'field-tested on sm_121')}); on GB10 (sm_121) the seed's backend set is load-bearing "
+                f"and a change fails at start-up or misbehaves later. Fix: remove '{name}' from {OVR}, or set "
+                f"{ACK}: true if you know why this change works on sm_121."
+            )
+            return None
+
+    if dropped:
+        return None
+
+    if kind == "switch":
+        if value is not True:
+            errors.append(f"{where}: --{name} is a bare switch. Fix: use true to set it or false to drop it.")
+        return True
+    if kind == "int":
+        number = _as_int(value)
+        if number is None:
+            errors.append(f"{where}: --{name} takes a whole number. Fix: give an integer between {spec['min']} and {spec['max']}.")
+            return None
+        if not spec["min"] <= number <= spec["max"]:
+            errors.append(f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value in that range.")
+            return None
+        return number
+    if kind == "float":
+        number = _as_float(value)
+        if number is None:
+            errors.append(f"{where}: --{name} takes a number. Fix: give a number between {spec['min']} and {spec['max']}.")
+            return None
+        if not spec["min"] <= number <= spec["max"]:
+            errors.append(f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value in that range.")
+            return None
+        return number
+    # choice / string
+    if _is_bool(value) or not isinstance(value, (str, int, float)):
+        errors.append(f"{where}: --{name} takes a single word value. Fix: give a string such as {_show(default)}.")
+        return None
+    text = str(value)
+    choices = spec.get("choices")
+    if choices and text not in choices:
+        errors.append(f"{where}: --{name} accepts only {', '.join(choices)}. Fix: pick one of those (the seed uses {_show(default)}).")
+        return None
+    if not SAFE_VALUE.match(text):
+        errors.append(f"{where}: the value contains characters that cannot go unquoted onto the unit's command line. Fix: use letters, digits and ._:/@+,=- only.")
+        return None
+    return text
+
+
+def _check_extra(name, value, errors):
+    """Validate an override of a flag outside the model (passed through as typed)."""
+    where = f"{OVR}[{name!r}] = {_show(value)}"
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    if isinstance(value, (int, float)):
+        return _fmt_number(value)
+    if isinstance(value, str) and SAFE_VALUE.match(value):
+        return value
+    if isinstance(value, str):
+        errors.append(f"{where}: the value contains characters that cannot go unquoted onto the unit's command line. Fix: use letters, digits and ._:/@+,=- only.")
+    else:
+        errors.append(f"{where}: --{name} needs a single scalar value. Fix: give a string or number, true for a bare switch, false to drop it.")
+    return None
+
+
+def _check_overrides(model, overrides, ack, errors):
+    """Return {name: value-or-None} for every flag in launch order plus extras."""
+    flags, aliases = _index(model)
+    secrets = model.get("secrets", {})
+    known = set(model.get("known", []))
+    vocabulary = _vocabulary(model)
+    cutoff = float(model.get("typo_cutoff", 0.8))
+
+    effective = {spec["name"]: spec.get("default") for spec in model["flags"] if spec["kind"] != "derived"}
+    extras = {}
+
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, Mapping):
+        errors.append(f"{OVR} = {_show(overrides)}: must be a mapping from flag name (without dashes) to value. Fix: e.g. {OVR}: {{context-length: 32768}}.")
+        return effective, extras
+
+    for raw_name, value in overrides.items():
+        name = str(raw_name)
+        where = f"{OVR}[{name!r}] = {_show(value)}"
+        if name.startswith("-"):
+            errors.append(f"{where}: flag names are given without the leading dashes. Fix: use {name.lstrip('-')!r} as the key.")
+            continue
+        canonical = aliases.get(name, name)
+        if canonical in flags and flags[canonical]["kind"] == "derived":
+            errors.append(
+                f"{where}: --{name} is a topology flag the role derives, never set by hand (a wrong rank, size or address "
+                f"hangs or corrupts every rank). Fix: remove it from {OVR}; it comes from {flags[canonical]['from'].strip()}."
+            )
+            continue
+        if canonical in flags:
+            effective[canonical] = _check_override(canonical, value, flags[canonical], ack, errors)
+            continue
+        if name in secrets:
+            errors.append(
+                f"{OVR}[{name!r}] = <redacted>: a secret on the command line is visible in ps, the unit file and "
+                f"server-args.json. Fix: remove it from {OVR} and set {secrets[name]} (it goes to the 0600 env file)."
+            )
+            continue
+        if name in known:
+            extras[name] = _check_extra(name, value, errors)
+            continue
+        if not FLAG_NAME.match(name.replace("_", "-").lower()):
+            errors.append(f"{where}: {name!r} is not a flag name. Fix: use the long option without dashes, e.g. 'context-length'.")
+            continue
+        dashed = name.replace("_", "-")
+        if dashed != name and dashed in vocabulary:
+            errors.append(f"{where}: --{name} is not a sglang.launch_server flag; did you mean '{dashed}'? Fix: SGLang flags use dashes, rename the key.")
+            continue
+        prefixed = [known_name for known_name in vocabulary if known_name.startswith(name)]
+        if prefixed:
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag but argparse would silently take it as an "
+                f"abbreviation of --{prefixed[0]}; did you mean '{prefixed[0]}'? Fix: use the full flag name."
+            )
+            continue
+        close = difflib.get_close_matches(name, vocabulary, n=1, cutoff=cutoff)
+        if close:
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag (SGLang would refuse to start); "
+                f"did you mean '{close[0]}'? Fix: rename the key to '{close[0]}'."
+            )
+            continue
+        # A flag the model does not know may still exist in the per-model image.
+        extras[name] = _check_extra(name, value, errors)
+
+    return effective, extras
+
+
+def _check_combinations(model, effective, errors):
+    for spec in model["flags"]:
+        name = spec["name"]
+        if "require" not in spec:
+            continue
+        value = effective.get(name)
+        if value == spec["require"]:
+            continue
+        messages = spec.get("messages", {})
+        detail = messages.get(str(value), spec.get("why", "")).strip()
+        if value is None:
+            errors.append(
+                f"{OVR}[{name!r}] drops --{name}: {spec['why'].strip()}. Fix: remove '{name}' from {OVR} "
+                f"(the default is {spec['require']})."
+            )
+        else:
+            errors.append(
+                f"{OVR}[{name!r}] = {_show(value)}: {detail}. Fix: set '{name}' to {spec['require']!r} or remove it "
+                f"from {OVR}."
+            )
+
+    tilelang = [n for n in ("dsa-prefill-backend", "dsa-decode-backend") if effective.get(n) == "tilelang"]
+    for spec in model["flags"]:
+        if not spec.get("bfloat16_with_tilelang") or not tilelang:
+            continue
+        value = effective.get(spec["name"])
+        if value in ("bfloat16", "bf16"):
+            continue
+        shown = "dropped (SGLang then picks the dtype itself)" if value is None else f"= {_show(value)}"
+        errors.append(
+            f"{OVR}[{spec['name']!r}] {shown}: the tilelang DSA kernels ({', '.join('--' + n for n in tilelang)}) "
+            f"need a bfloat16 KV cache on sm_121. Fix: keep kv-cache-dtype bfloat16 (remove it from {OVR})."
+        )
+
+
+def _check_model_dir(model_dir, errors):
+    var = "sglang_server_model_dir"
+    if not isinstance(model_dir, str) or not model_dir:
+        errors.append(f"{var} = {_show(model_dir)}: must be the absolute path of the checkpoint directory on the nodes. Fix: e.g. /opt/models/glm53 (set spark_model_dir).")
+        return None
+    if REPO_ID.match(model_dir) and not model_dir.startswith("."):
+        errors.append(
+            f"{var} = {_show(model_dir)}: this looks like a Hugging Face repo id, but the engine opens "
+            f"os.path.join(model_path, 'processor_config.json') directly and fails with a file-missing error. "
+            f"Fix: download it first (hf download {model_dir} --local-dir /opt/models/glm53) and set spark_model_dir to that absolute directory."
+        )
+        return None
+    if not model_dir.startswith("/"):
+        errors.append(f"{var} = {_show(model_dir)}: a relative path depends on the unit's working directory. Fix: give the absolute directory, e.g. /opt/models/glm53.")
+        return None
+    if not SAFE_PATH.match(model_dir):
+        errors.append(f"{var} = {_show(model_dir)}: contains whitespace or shell/systemd metacharacters that would break the docker -v mount. Fix: use a path of letters, digits and ._/+- only.")
+        return None
+    normal = posixpath.normpath(model_dir)
+    if normal == "/" or ".." in model_dir.split("/"):
+        errors.append(f"{var} = {_show(model_dir)}: must name the checkpoint directory itself. Fix: e.g. /opt/models/glm53.")
+        return None
+    return normal
+
+
+def _check_topology(ctx, errors):
+    """Return (nodes, head) from the inventory, or (None, None) when it is unusable."""
+    head_group = list(ctx.get("head_group") or [])
+    workers = list(ctx.get("worker_group") or [])
+    host = ctx.get("inventory_hostname")
+    ok = True
+    if len(head_group) != 1:
+        errors.append(
+            f"inventory group spark_head = {head_group}: it must hold exactly one host (rank 0, which serves HTTP and "
+            f"hosts --dist-init-addr). Fix: put exactly one host in spark_head and the others in spark_workers."
+        )
+        ok = False
+    both = sorted(set(head_group) & set(workers))
+    if both:
+        errors.append(f"inventory groups spark_head and spark_workers both hold {both}: a host can hold one rank only. Fix: keep each host in one of the two groups.")
+        ok = False
+    if len(set(workers)) != len(workers):
+        errors.append(f"inventory group spark_workers = {workers}: lists a host twice. Fix: list each worker once.")
+        ok = False
+    nodes = head_group + [w for w in workers if w not in head_group]
+    if host not in nodes:
+        errors.append(f"inventory host {host!r} is in neither spark_head nor spark_workers, so it has no rank. Fix: add it to spark_workers or leave it out of the play.")
+        ok = False
+    fabric = ctx.get("fabric_ips") or {}
+    for node in nodes:
+        ip = fabric.get(node)
+        try:
+            ipaddress.IPv4Address(str(ip))
+        except ValueError:
+            errors.append(
+                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: every rank needs the IPv4 address of its fabric "
+                f"link (NCCL binds to it, the head's is --dist-init-addr). Fix: set spark_fabric_ip for {node} in the inventory."
+            )
+            ok = False
+    if not ok:
+        return None, None
+    return nodes, head_group[0]
+
+
+def _check_scalars(ctx, errors):
+    def need_int(var, low, high, why):
+        value = ctx.get(var)
+        number = _as_int(value)
+        if number is None or not low <= number <= high:
+            errors.append(f"{var} = {_show(value)}: {why}. Fix: give a whole number between {low} and {high}.")
+            return None
+        return number
+
+    port = need_int("sglang_server_port", 1, 65535, "the head's HTTP port must be a TCP port number")
+    dist = need_int("sglang_server_dist_init_port", 1, 65535, "the rendezvous port must be a TCP port number")
+    if port is not None and port == dist:
+        errors.append(f"sglang_server_dist_init_port = {dist}: equals sglang_server_port, and both listen on the head. Fix: choose another port for one of them.")
+    need_int("sglang_server_gpus_per_node", 1, 8, "a DGX Spark has one GB10 GPU")
+    need_int("sglang_server_readiness_timeout", 60, 86400, "the wait for the head's /v1/models is in seconds")
+    need_int("sglang_server_stop_timeout", 1, 3600, "docker stop's grace period is in seconds")
+
+    for var in ("sglang_server_container_memory", "sglang_server_shm_size"):
+        value = ctx.get(var)
+        if not isinstance(value, str) or not DOCKER_SIZE.match(value):
+            errors.append(f"{var} = {_show(value)}: docker expects a size such as 120g. Fix: a number followed by b, k, m or g.")
+
+    image = ctx.get("sglang_server_image")
+    if not isinstance(image, str) or not IMAGE_REF.match(image):
+        errors.append(f"sglang_server_image = {_show(image)}: not a docker image reference. Fix: e.g. lmsysorg/sglang:glm-5.3-flash-arm64.")
+    digest = ctx.get("sglang_server_image_digest")
+    if digest and (not isinstance(digest, str) or not DIGEST.match(digest)):
+        errors.append(f"sglang_server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex digits. Fix: copy the RepoDigest's sha256 part, or leave it empty.")
+
+    unit = ctx.get("sglang_server_unit_name")
+    if not isinstance(unit, str) or not UNIT_NAME.match(unit):
+        errors.append(f"sglang_server_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. sglang.service.")
+
+    host = ctx.get("sglang_server_host")
+    try:
+        ipaddress.ip_address(str(host))
+    except ValueError:
+        errors.append(f"sglang_server_host = {_show(host)}: the HTTP bind address must be an IP address. Fix: 0.0.0.0, or the head's address.")
+
+    ifname = ctx.get("sglang_server_fabric_interface")
+    if not isinstance(ifname, str) or not IFNAME.match(ifname):
+        errors.append(f"sglang_server_fabric_interface = {_show(ifname)}: NCCL/Gloo/TP need the fabric link's interface name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1).")
+
+    hca = ctx.get("sglang_server_nccl_ib_hca")
+    if hca is None:
+        hca = []
+    if isinstance(hca, str) or not isinstance(hca, (list, tuple)) or not all(isinstance(h, str) and HCA.match(h) for h in hca):
+        errors.append(f"sglang_server_nccl_ib_hca = {_show(hca)}: must be a list of HCA names such as ['mlx5_0']. Fix: give a list, or [] to let NCCL choose.")
+
+    key = ctx.get("sglang_server_api_key")
+    if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n\x00")):
+        # The value itself is a secret: never quote it.
+        errors.append("sglang_server_api_key = <redacted>: must be a single-line string (it becomes one line of the env file). Fix: remove line breaks from the key.")
+
+    return port, dist
+
+
+def sglang_server_plan(ctx, model, hostvars=None):
+    """Validate everything and compute the launch arguments for one host.
+
+    ``hostvars`` supplies each rank's spark_fabric_ip; tests may instead put a
+    ``fabric_ips`` mapping into ``ctx``.
+
+    Returns a dict with ``errors`` (list of messages, empty when valid) and,
+    when valid, ``args`` (sglang.launch_server arguments in launch order),
+    ``rank``, ``nodes``, ``head``, ``container_model_dir``.
+    """
+    errors = []
+    ctx = dict(ctx)
+    if hostvars is not None:
+        names = list(ctx.get("head_group") or []) + list(ctx.get("worker_group") or [])
+        ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in names if n in hostvars}
+    ack = ctx.get(ACK)
+    if not isinstance(ack, bool):
+        errors.append(f"{ACK} = {_show(ack)}: must be true or false. Fix: use a YAML boolean.")
+        ack = False
+    effective, extras = _check_overrides(model, ctx.get(OVR), ack, errors)
+    _check_combinations(model, effective, errors)
+    model_dir = _check_model_dir(ctx.get("sglang_server_model_dir"), errors)
+    nodes, head = _check_topology(ctx, errors)
+    port, dist = _check_scalars(ctx, errors)
+
+    plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
+    if errors:
+        return plan
+
+    gpus = _as_int(ctx["sglang_server_gpus_per_node"])
+    container_dir = posixpath.join(ctx.get("container_model_root", "/models"), posixpath.basename(model_dir))
+    rank = nodes.index(ctx["inventory_hostname"])
+    derived = {
+        "model-path": container_dir,
+        "tp-size": len(nodes) * gpus,
+        "nnodes": len(nodes),
+        "node-rank": rank,
+        "dist-init-addr": f"{ctx['fabric_ips'][head]}:{dist}",
+        "host": str(ctx["sglang_server_host"]),
+        "port": port,
+    }
+
+    args = []
+
+    def emit(name, value):
+        if value is None or value is False:
+            return
+        args.append(f"--{name}")
+        if value is not True:
+            args.append(_fmt_number(value) if isinstance(value, (int, float)) else str(value))
+
+    for spec in model["flags"]:
+        name = spec["name"]
+        emit(name, derived[name] if spec["kind"] == "derived" else effective.get(name))
+    for name in sorted(extras):
+        emit(name, extras[name])
+
+    # One unit line per flag; built from `args`, never separately.
+    arg_lines = []
+    for token in args:
+        if token.startswith("--") or not arg_lines:
+            arg_lines.append(token)
+        else:
+            arg_lines[-1] += " " + token
+
+    plan.update(
+        args=args,
+        arg_lines=arg_lines,
+        rank=rank,
+        container_model_dir=container_dir,
+        model_dir=model_dir,
+        tp_size=derived["tp-size"],
+        dist_init_addr=derived["dist-init-addr"],
+    )
+    return plan
+
+
+class FilterModule:
+    def filters(self):
+        return {"sglang_server_plan": sglang_server_plan}
