@@ -1,0 +1,566 @@
+"""A local stand-in for the Hugging Face hub, for tests and benchmarks only.
+
+Serves repositories from a directory through the HTTP API that huggingface_hub 2.4 uses:
+
+    GET  /api/models/<repo>                       model info at the default branch
+    GET  /api/models/<repo>/revision/<rev>        model info at a revision (``blobs=true``: sizes, lfs)
+    GET  /api/models/<repo>/tree/<rev>[/<path>]   tree listing (``recursive``), paginated with ``Link``
+    HEAD /<repo>/resolve/<rev>/<path>             ETag, X-Repo-Commit, X-Linked-Size, X-Linked-Etag
+    GET  /<repo>/resolve/<rev>/<path>             file bytes, with ``Range`` for resume
+    GET  /_emulator/stats                         bytes served per file (JSON)
+
+Directory layout (``root``)::
+
+    <owner>/<name>/refs.json            {"main": "<40-hex>"}
+    <owner>/<name>/<40-hex>/...         the files of that commit
+
+Faults for tests: :meth:`HubEmulator.fault` cuts a file's download at a byte offset (the
+connection is dropped mid-body, then the file answers 503 until the fault is cleared, so the
+client gives up and a later run must resume); :meth:`HubEmulator.serve_stale` makes a path serve
+the bytes of an older commit (a mirror holding a stale copy).
+
+It binds only to the address it is given (127.0.0.1 by default) and contacts no other host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import socket
+import struct
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+REPO_ID = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".model")
+LFS_MIN_SIZE = 10 * 1024 * 1024
+CHUNK = 64 * 1024
+
+
+def git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pointer_oid(blob: Blob) -> str:
+    """The git blob id the hub reports for an LFS file: that of its pointer file."""
+    ptr = blob.pointer()
+    return hashlib.sha1(f"blob {len(ptr)}\0".encode() + ptr, usedforsecurity=False).hexdigest()
+
+
+def is_lfs(name: str, size: int) -> bool:
+    return name.endswith(LFS_SUFFIXES) or size >= LFS_MIN_SIZE
+
+
+@dataclass(frozen=True)
+class Blob:
+    path: Path
+    size: int
+    lfs: bool
+    git_sha1: str
+    sha256: str | None
+
+    @property
+    def etag(self) -> str:
+        return self.sha256 if self.lfs else self.git_sha1
+
+    def pointer(self) -> bytes:
+        return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n").encode()
+
+
+class Store:
+    """Repositories on disk; file hashes are computed once and cached by (size, mtime)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._cache: dict[tuple[str, int, int], Blob] = {}
+        self._lock = threading.Lock()
+
+    def repo_dir(self, repo_id: str) -> Path | None:
+        d = self.root / repo_id
+        return d if (d / "refs.json").is_file() else None
+
+    def resolve(self, repo_id: str, rev: str) -> str | None:
+        d = self.repo_dir(repo_id)
+        if d is None:
+            return None
+        refs = json.loads((d / "refs.json").read_text())
+        if rev in refs:
+            return refs[rev]
+        if len(rev) == 40 and (d / rev).is_dir():
+            return rev
+        return None
+
+    def files(self, repo_id: str, sha: str) -> list[str]:
+        base = self.root / repo_id / sha
+        return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def blob(self, repo_id: str, sha: str, name: str) -> Blob | None:
+        path = self.root / repo_id / sha / name
+        if not path.is_file():
+            return None
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached:
+            return cached
+        lfs = is_lfs(name, st.st_size)
+        blob = Blob(path, st.st_size, lfs, git_blob_sha1(path), sha256_file(path) if lfs else None)
+        with self._lock:
+            self._cache[key] = blob
+        return blob
+
+    def commit_date(self, repo_id: str, sha: str) -> str:
+        meta = self.root / repo_id / f"{sha}.meta.json"
+        if meta.is_file():
+            return json.loads(meta.read_text()).get("date", "2026-08-30T00:00:00.000Z")
+        return "2026-08-30T00:00:00.000Z"
+
+
+class HubEmulator:
+    """Run the emulator in a background thread: ``with HubEmulator(root) as hub: hub.url``."""
+
+    def __init__(self, root: Path | str, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000):
+        self.store = Store(Path(root))
+        self.host = host
+        self.page_size = page_size
+        self.lock = threading.Lock()
+        self.bytes_served: dict[str, int] = defaultdict(int)
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.faults: dict[str, dict] = {}
+        self.stale: dict[str, str] = {}
+        self.tokens_seen: set[str] = set()
+        emulator = self
+
+        class Handler(_Handler):
+            hub = emulator
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> HubEmulator:
+        self.thread = threading.Thread(target=self.server.serve_forever, name="hub-emulator", daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> HubEmulator:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- test controls -------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        with self.lock:
+            self.bytes_served.clear()
+            self.requests.clear()
+
+    def served(self) -> dict[str, int]:
+        with self.lock:
+            return {k: v for k, v in self.bytes_served.items() if v}
+
+    def fault(self, path: str, drop_at: int, then_unavailable: bool = True) -> None:
+        """Cut the body of ``path`` at absolute byte ``drop_at``; afterwards answer 503 if asked."""
+        with self.lock:
+            self.faults[path] = {"drop_at": drop_at, "then_unavailable": then_unavailable, "tripped": False}
+
+    def clear_faults(self) -> None:
+        with self.lock:
+            self.faults.clear()
+
+    def serve_stale(self, path: str, old_sha: str | None) -> None:
+        """Serve ``path`` from commit ``old_sha`` whatever revision is asked (None: stop)."""
+        with self.lock:
+            if old_sha is None:
+                self.stale.pop(path, None)
+            else:
+                self.stale[path] = old_sha
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubEmulator
+    protocol_version = "HTTP/1.1"
+    server_version = "hub-emulator/1"
+
+    def log_message(self, fmt, *args):  # quiet: tests read counters, not logs
+        pass
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def send_json(self, status: int, obj, headers: dict | None = None) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_error_code(self, status: int, code: str, message: str, headers: dict | None = None) -> None:
+        self.send_json(status, {"error": message}, {"X-Error-Code": code, "X-Error-Message": message,
+                                                    **(headers or {})})
+
+    def do_HEAD(self):  # noqa: N802 - http.server naming
+        self.route()
+
+    def do_GET(self):  # noqa: N802 - http.server naming
+        self.route()
+
+    def route(self) -> None:
+        auth = self.headers.get("Authorization")
+        if auth:
+            with self.hub.lock:
+                self.hub.tokens_seen.add(auth)
+        split = urlsplit(self.path)
+        path = unquote(split.path)
+        query = parse_qs(split.query)
+        with self.hub.lock:
+            self.hub.requests.append((self.command, path, self.headers.get("Range")))
+        if path == "/_emulator/stats":
+            return self.send_json(200, {"bytes_served": self.hub.served()})
+        if path.startswith("/api/models/"):
+            return self.api(path[len("/api/models/"):], query)
+        parts = path.lstrip("/").split("/", 4)
+        if len(parts) == 5 and parts[2] == "resolve":
+            return self.resolve(f"{parts[0]}/{parts[1]}", parts[3], parts[4])
+        return self.send_error_code(404, "NotFound", f"no route for {path}")
+
+    # ---- API -----------------------------------------------------------------------------
+    def api(self, rest: str, query: dict) -> None:
+        parts = rest.split("/")
+        repo_id = "/".join(parts[:2])
+        store = self.hub.store
+        if store.repo_dir(repo_id) is None:
+            return self.send_error_code(401, "RepoNotFound", f"Repository Not Found for url: {repo_id}")
+        if len(parts) == 2:
+            return self.model_info(repo_id, "main", query)
+        if parts[2] == "revision" and len(parts) == 4:
+            return self.model_info(repo_id, parts[3], query)
+        if parts[2] == "tree" and len(parts) >= 4:
+            return self.tree(repo_id, parts[3], "/".join(parts[4:]), query)
+        return self.send_error_code(404, "NotFound", f"no API route for {rest}")
+
+    def model_info(self, repo_id: str, rev: str, query: dict) -> None:
+        store = self.hub.store
+        sha = store.resolve(repo_id, rev)
+        if sha is None:
+            return self.send_error_code(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        blobs = query.get("blobs", ["false"])[0].lower() == "true"
+        siblings = []
+        for name in store.files(repo_id, sha):
+            entry: dict = {"rfilename": name}
+            if blobs:
+                b = store.blob(repo_id, sha, name)
+                entry["size"] = b.size
+                if b.lfs:
+                    entry["blobId"] = pointer_oid(b)
+                    entry["lfs"] = {"sha256": b.sha256, "size": b.size, "pointerSize": len(b.pointer())}
+                else:
+                    entry["blobId"] = b.git_sha1
+            siblings.append(entry)
+        config = None
+        cfg = store.root / repo_id / sha / "config.json"
+        if cfg.is_file():
+            data = json.loads(cfg.read_text())
+            config = {"architectures": data.get("architectures"), "model_type": data.get("model_type")}
+        date = store.commit_date(repo_id, sha)
+        self.send_json(200, {
+            "_id": _rev(repo_id)[:24],
+            "id": repo_id,
+            "modelId": repo_id,
+            "author": repo_id.split("/", maxsplit=1)[0],
+            "sha": sha,
+            "lastModified": date,
+            "createdAt": "2026-08-01T00:00:00.000Z",
+            "private": False,
+            "disabled": False,
+            "gated": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": ["safetensors", "glm5_next", "nvfp4"],
+            "library_name": "transformers",
+            "config": config,
+            "siblings": siblings,
+        })
+
+    def tree(self, repo_id: str, rev: str, sub: str, query: dict) -> None:
+        store = self.hub.store
+        sha = store.resolve(repo_id, rev)
+        if sha is None:
+            return self.send_error_code(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        recursive = query.get("recursive", ["false"])[0].lower() == "true"
+        prefix = sub.strip("/") + "/" if sub.strip("/") else ""
+        entries: dict[str, dict] = {}
+        for name in store.files(repo_id, sha):
+            if not name.startswith(prefix):
+                continue
+            rel = name[len(prefix):]
+            if "/" in rel:
+                folder = prefix + rel.split("/")[0]
+                entries.setdefault(folder, {"type": "directory", "oid": _rev(folder),
+                                            "size": 0, "path": folder})
+                if not recursive:
+                    continue
+                for i in range(1, rel.count("/")):
+                    deeper = prefix + "/".join(rel.split("/")[: i + 1])
+                    entries.setdefault(deeper, {"type": "directory", "size": 0, "path": deeper,
+                                                "oid": _rev(deeper)})
+            b = store.blob(repo_id, sha, name)
+            item = {"type": "file", "size": b.size, "path": name}
+            if b.lfs:
+                item["oid"] = pointer_oid(b)
+                item["lfs"] = {"oid": b.sha256, "size": b.size, "pointerSize": len(b.pointer())}
+            else:
+                item["oid"] = b.git_sha1
+            entries[name] = item
+        items = [entries[k] for k in sorted(entries)]
+        start = int(query.get("cursor", ["0"])[0])
+        page = items[start:start + self.hub.page_size]
+        headers = {}
+        if start + self.hub.page_size < len(items):
+            nxt = (f"{self.hub.url}/api/models/{repo_id}/tree/{quote(rev, safe='')}"
+                   f"{'/' + quote(sub, safe='') if sub else ''}?recursive={str(recursive).lower()}"
+                   f"&cursor={start + self.hub.page_size}")
+            headers["Link"] = f'<{nxt}>; rel="next"'
+        self.send_json(200, page, headers)
+
+    # ---- files ---------------------------------------------------------------------------
+    def resolve(self, repo_id: str, rev: str, name: str) -> None:
+        hub = self.hub
+        store = hub.store
+        if store.repo_dir(repo_id) is None:
+            return self.send_error_code(401, "RepoNotFound", f"Repository Not Found for url: {repo_id}")
+        sha = store.resolve(repo_id, rev)
+        if sha is None:
+            return self.send_error_code(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        blob = store.blob(repo_id, sha, name)
+        if blob is None:
+            return self.send_error_code(404, "EntryNotFound", f"{name} does not exist on {rev}",
+                                        {"X-Repo-Commit": sha})
+        with hub.lock:
+            stale_sha = hub.stale.get(name)
+            fault = dict(hub.faults[name]) if name in hub.faults else None
+        body_blob = blob
+        if stale_sha and store.blob(repo_id, stale_sha, name) is not None:
+            body_blob = store.blob(repo_id, stale_sha, name)
+        headers = {
+            "X-Repo-Commit": sha,
+            "ETag": f'"{blob.etag}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": f'inline; filename="{name.rsplit("/", 1)[-1]}"',
+        }
+        if blob.lfs:
+            headers["X-Linked-Size"] = str(blob.size)
+            headers["X-Linked-Etag"] = f'"{blob.sha256}"'
+        if fault and fault["tripped"] and fault["then_unavailable"]:
+            return self.send_error_code(503, "ServiceUnavailable", "emulated outage", {"Retry-After": "0"})
+        return self.send_body(name, body_blob, headers, fault)
+
+    def send_body(self, name: str, body_blob: Blob, headers: dict, fault: dict | None) -> None:
+        hub = self.hub
+        size = body_blob.size
+        start, end = 0, size - 1
+        status = 200
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            first, _, last = rng[len("bytes="):].split(",")[0].partition("-")
+            if first == "":
+                start = max(size - int(last), 0)
+            else:
+                start = int(first)
+                if last:
+                    end = min(int(last), size - 1)
+            if start >= size > 0:
+                return self.send_error_code(416, "RangeNotSatisfiable", "range not satisfiable",
+                                            {"Content-Range": f"bytes */{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        length = max(end - start + 1, 0)
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        cut = fault["drop_at"] if fault and not fault["tripped"] else None
+        with body_blob.path.open("rb") as f:
+            f.seek(start)
+            pos = start
+            while pos <= end:
+                n = min(CHUNK, end - pos + 1)
+                if cut is not None and pos + n > cut:
+                    n = cut - pos
+                    if n > 0:
+                        self._send(name, f.read(n))
+                    with hub.lock:
+                        if name in hub.faults:
+                            hub.faults[name]["tripped"] = True
+                    self.wfile.flush()
+                    # RST rather than FIN so the client sees a broken transfer, not a short one.
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                data = f.read(n)
+                if not data:
+                    break
+                self._send(name, data)
+                pos += len(data)
+
+    def _send(self, name: str, data: bytes) -> None:
+        self.wfile.write(data)
+        with self.hub.lock:
+            self.hub.bytes_served[name] += len(data)
+
+
+# ---- synthetic checkpoint --------------------------------------------------------------------
+OLD_DATE = "2026-08-01T00:00:00.000Z"
+NEW_DATE = "2026-08-30T00:00:00.000Z"
+
+
+def _rev(label: str) -> str:
+    return hashlib.sha1(label.encode(), usedforsecurity=False).hexdigest()
+
+
+def _safetensors(tensors: dict[str, bytes]) -> bytes:
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, data in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"".join(tensors.values())
+
+
+def build_checkpoint(root: Path | str, repo_id: str = REPO_ID, shards: int = 120, shard_bytes: int = 2048,
+                     seed: int = 53) -> dict:
+    """Write two commits of a checkpoint of the real shape; return their shas and file names.
+
+    The old commit (2026-08-01) and the new one (2026-08-30) differ only in
+    model-input-scales.safetensors, as the real repository did. Unchanged files are hard links.
+    """
+    rng = random.Random(seed)  # noqa: S311 - reproducible filler bytes, not secrets
+    repo = Path(root) / repo_id
+    label = f"{repo_id}@{seed}@{shards}@{shard_bytes}"
+    old, new = _rev(f"old@{label}"), _rev(f"new@{label}")
+    new_dir, old_dir = repo / new, repo / old
+    if (repo / "refs.json").is_file() and new_dir.is_dir() and old_dir.is_dir():
+        return {"repo_id": repo_id, "old": old, "new": new, "files": sorted(
+            p.relative_to(new_dir).as_posix() for p in new_dir.rglob("*") if p.is_file())}
+    new_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, bytes | Path] = {}
+    weight_map, total = {}, 0
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tensor = f"model.layers.{i - 1}.mlp.experts.weight_packed"
+        path = new_dir / name
+        with path.open("wb") as f:
+            # Streamed rather than built in memory so benchmarks can make real-sized shards.
+            hdr = {"__metadata__": {"format": "pt"},
+                   tensor: {"dtype": "U8", "shape": [shard_bytes], "data_offsets": [0, shard_bytes]}}
+            raw = json.dumps(hdr, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)
+            head = struct.pack("<Q", len(raw)) + raw
+            f.write(head)
+            left = shard_bytes
+            while left:
+                n = min(left, 1 << 20)
+                f.write(rng.randbytes(n))
+                left -= n
+        files[name] = path
+        weight_map[tensor] = name
+        total += shard_bytes
+    files["model.safetensors.index.json"] = json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2).encode()
+    files["config.json"] = json.dumps({
+        "architectures": ["Glm5NextForConditionalGeneration"],
+        "model_type": "glm5_next",
+        "num_hidden_layers": shards,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                "ignore": ["lm_head", "model.visual*", "*self_attn*"]},
+    }, indent=2).encode()
+    files["generation_config.json"] = json.dumps(
+        {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "eos_token_id": [151329, 151336]}, indent=2).encode()
+    files["processor_config.json"] = json.dumps(
+        {"processor_class": "Glm5NextProcessor", "image_processor_type": "Glm5NextImageProcessor"}, indent=2).encode()
+    files["tokenizer.json"] = json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}}}).encode()
+    files["tokenizer_config.json"] = json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}).encode()
+    files["chat_template.jinja"] = b"{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}\n"
+    files["README.md"] = f"# {repo_id}\n\nSynthetic stand-in checkpoint for tests.\n".encode()
+    files[".gitattributes"] = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    scales_new = _safetensors({"input_scale": rng.randbytes(512)})
+    scales_old = _safetensors({"input_scale": rng.randbytes(512)})
+    files["model-input-scales.safetensors"] = scales_new
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (new_dir / name).write_bytes(content)
+    old_dir.mkdir(parents=True, exist_ok=True)
+    for path in new_dir.iterdir():
+        target = old_dir / path.name
+        if path.name == "model-input-scales.safetensors":
+            target.write_bytes(scales_old)
+        elif not target.exists():
+            os.link(path, target)
+    (repo / f"{old}.meta.json").write_text(json.dumps({"date": OLD_DATE}))
+    (repo / f"{new}.meta.json").write_text(json.dumps({"date": NEW_DATE}))
+    (repo / "refs.json").write_text(json.dumps({"main": new}))
+    return {"repo_id": repo_id, "old": old, "new": new, "files": sorted(files)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Local Hugging Face hub emulator (tests only).")
+    ap.add_argument("--root", required=True, help="directory of <owner>/<name>/<sha>/ repositories")
+    ap.add_argument("--bind", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--generate", action="store_true", help="build the synthetic checkpoint under --root first")
+    ap.add_argument("--shards", type=int, default=120)
+    ap.add_argument("--shard-bytes", type=int, default=2048)
+    args = ap.parse_args(argv)
+    if args.generate:
+        print(json.dumps(build_checkpoint(args.root, shards=args.shards, shard_bytes=args.shard_bytes)))
+    hub = HubEmulator(args.root, host=args.bind, port=args.port)
+    print(f"serving {args.root} on {hub.url}", flush=True)
+    try:
+        hub.server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        hub.server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
