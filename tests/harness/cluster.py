@@ -487,20 +487,30 @@ def instances() -> list[Cluster]:
     return [c for d in sorted(STATE_ROOT.iterdir()) if d.is_dir() and (c := Cluster.load(d.name))]
 
 
-def leftovers() -> list[str]:
-    """Anything of the harness still on this machine (used by teardown tests)."""
+def leftovers(instance: str | None = None, index: int | None = None) -> list[str]:
+    """What of the harness is still on this machine: all of it, or one instance's."""
+    ns_prefix = f"spsim-{instance}-" if instance else "spsim-"
+    link_re = rf"spsim{index}(?:br|m\d+)" if index is not None else r"spsim[^:@\s]*"
     found = []
     netns = run(["ip", "netns", "list"], capture=True, check=False)
-    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith("spsim-")]
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(ns_prefix)]
     links = run(["ip", "-o", "link", "show"], capture=True)
-    found += [f"link {m}" for m in re.findall(r"^\d+: (spsim[^:@]*)", links, re.M)]
+    found += [f"link {m}" for m in re.findall(rf"^\d+: ({link_re})[:@]", links, re.M)]
+    subnets = [f"{MGMT_BASE}.{index}.", f"{FABRIC_BASE}.{index}."] if index is not None else [MGMT_BASE, FABRIC_BASE]
     routes = run(["ip", "route", "show"], capture=True)
-    found += [f"route {line}" for line in routes.splitlines() if line.startswith(("unreachable " + FABRIC_BASE, MGMT_BASE, FABRIC_BASE))]
+    found += [f"route {line}" for line in routes.splitlines() if any(s in line for s in subnets)]
+    work = str(WORK_ROOT / instance) if instance else str(WORK_ROOT)
     mounts = Path("/proc/mounts").read_text()
-    found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if str(WORK_ROOT) in line]
+    found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if work in line]
     cg = _cgroup_root() / "spark-sim"
-    if cg.exists():
+    if instance:
+        cg = cg / instance
+        if cg.exists():
+            found.append(f"cgroup {cg}")
+    elif cg.exists():
         found += [f"cgroup {p}" for p in cg.iterdir() if p.is_dir()]
     ps = run(["ps", "-eo", "pid,args"], capture=True)
-    found += [f"process {line.strip()}" for line in ps.splitlines() if "systemd-nspawn" in line and "spsim-" in line]
+    found += [f"process {line.strip()}" for line in ps.splitlines() if "systemd-nspawn" in line and ns_prefix in line]
+    if instance and (STATE_ROOT / instance).exists():
+        found.append(f"state {STATE_ROOT / instance}")
     return found

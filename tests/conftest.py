@@ -1,0 +1,34 @@
+"""Shared fixtures: the simulated Spark cluster and the playbook runner."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.harness import cluster as sim
+
+
+def pytest_addoption(parser):
+    parser.addoption("--keep-nodes", action="store_true", help="leave the simulated nodes up after the run")
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(request):
+    """A booted two-node simulated Spark cluster for the whole session.
+
+    SPARK_SIM_INSTANCE names it (default `pytest`), so parallel runs on one
+    machine do not collide.
+    """
+    if os.geteuid() != 0:
+        pytest.fail("the simulated nodes need root (network namespaces, systemd-nspawn)")
+    instance = os.environ.get("SPARK_SIM_INSTANCE", "pytest")
+    c = sim.up(instance, 2)
+    yield c
+    if not request.config.getoption("--keep-nodes"):
+        sim.down(instance)
+
+
+@pytest.fixture(scope="session")
+def sim_inventory(sim_cluster):
+    return sim_cluster.inventory

@@ -1,0 +1,118 @@
+"""The simulated Spark nodes are real enough to test the playbooks on, and contained.
+
+Nodes are observed over SSH, like an operator would, never through nsenter
+(which would carry this machine's capabilities and give false passes).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.harness import cluster as sim
+
+
+def sh(node, command, check=True):
+    return sim.ssh(node, command, check=check)
+
+
+def test_nodes_boot_real_systemd_with_own_identity(sim_cluster):
+    ids = set()
+    for node in sim_cluster.nodes:
+        assert sh(node, "ps -o comm= -p 1").strip() == "systemd"
+        state = sh(node, "systemctl is-system-running", check=False).strip()
+        assert state in ("running", "degraded"), state
+        assert sh(node, "hostname").strip() == node.name
+        ids.add(sh(node, "cat /etc/machine-id").strip())
+        # The node's own cgroup v2 tree, not the host's.
+        assert "0::/" in sh(node, "cat /proc/self/cgroup")
+    assert len(ids) == len(sim_cluster.nodes)
+
+
+def test_host_keys_differ_and_are_pinned(sim_cluster):
+    known = (sim_cluster.state_dir / "known_hosts").read_text().splitlines()
+    ed = [line.split()[2] for line in known if "ssh-ed25519" in line]
+    assert len(set(ed)) == len(sim_cluster.nodes)
+    key, _ = sim.key_paths()
+    node = sim_cluster.nodes[0]
+    strict = subprocess.run(
+        ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+         "-o", f"UserKnownHostsFile={sim_cluster.state_dir / 'known_hosts'}", f"root@{node.mgmt_ip}", "true"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert strict.returncode == 0, strict.stderr
+
+
+def test_fabric_port_is_unconfigured_like_a_fresh_dgx(sim_cluster):
+    for node in sim_cluster.nodes:
+        link = sh(node, f"ip -o link show {sim.FABRIC_IFACE}")
+        assert "mtu 1500" in link
+        assert sh(node, f"ip -4 -o addr show dev {sim.FABRIC_IFACE}").strip() == ""
+        assert sh(node, f"test -d /sys/class/net/{sim.MGMT_IFACE} && echo yes").strip() == "yes"
+
+
+def test_test_networks_never_leave_this_machine(sim_cluster):
+    # From this machine the fabric subnet is refused locally, not routed out.
+    probe = sim_cluster.nodes[1].fabric_ip
+    out = subprocess.run(["ip", "route", "get", probe], capture_output=True, text=True)
+    assert out.returncode != 0 or "unreachable" in out.stdout, out.stdout
+    for node in sim_cluster.nodes:
+        assert sh(node, "ip route show default").strip() == ""
+        # Without a default route the kernel refuses before a packet is sent.
+        r = sh(node, "ip route get 198.51.100.7 2>&1; echo rc=$?", check=False)
+        assert "unreachable" in r and "rc=2" in r, r
+
+
+def test_harness_changes_no_global_network_setting(sim_cluster):
+    # Brought up by the fixture already; forwarding must still be as the host had it.
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == _IP_FORWARD_AT_IMPORT
+
+
+_IP_FORWARD_AT_IMPORT = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+
+
+def test_nodes_reach_each_other_and_the_bridge_only(sim_cluster):
+    head, worker = sim_cluster.nodes[:2]
+    assert "1 received" in sh(head, f"ping -c1 -W2 {worker.mgmt_ip}")
+    assert "1 received" in sh(head, f"ping -c1 -W2 {sim_cluster.bridge_ip}")
+
+
+def test_nvidia_smi_standin_answers_like_a_gb10_and_fails_like_one(sim_cluster):
+    node = sim_cluster.nodes[1]
+    q = "nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader"
+    assert sh(node, q).strip() == "NVIDIA GB10, 12.1, 580.95.05"
+    try:
+        sim.set_knobs(sim_cluster.instance, node.name, {"gpu": {"present": False}})
+        out = sh(node, q + "; echo rc=$?", check=False)
+        assert "couldn't communicate with the NVIDIA driver" in out and "rc=9" in out
+        sim.set_knobs(sim_cluster.instance, node.name, {"gpu": {"present": True, "installed": False}})
+        assert "rc=127" in sh(node, q + " 2>/dev/null; echo rc=$?", check=False)
+    finally:
+        sim.set_knobs(sim_cluster.instance, node.name, {"gpu": {"present": True, "installed": True}})
+    assert sh(node, q).startswith("NVIDIA GB10")
+
+
+@pytest.mark.timeout_hint(120)
+def test_three_nodes_on_a_switch_and_complete_teardown():
+    """A larger site needs only more hosts; teardown leaves nothing behind."""
+    c = sim.up("tdown", 3)
+    index = c.index
+    try:
+        assert [n.name for n in c.nodes] == ["spark-0", "spark-1", "spark-2"]
+        # Fabric through the switch: give two nodes addresses by hand and ping.
+        for n in c.nodes:
+            sim.ssh(n, f"ip addr add {n.fabric_ip}/24 dev {sim.FABRIC_IFACE}")
+        assert "1 received" in sim.ssh(c.nodes[0], f"ping -c1 -W2 {c.nodes[2].fabric_ip}")
+        # Keep an SSH master open, as Ansible's ControlPersist does, across the shutdown.
+        key, _ = sim.key_paths()
+        master = subprocess.Popen(
+            ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             "-o", "LogLevel=ERROR", f"root@{c.nodes[1].mgmt_ip}", "sleep 600"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    finally:
+        sim.down("tdown")
+    master.wait(timeout=30)
+    assert sim.leftovers("tdown", index) == []

@@ -1,0 +1,112 @@
+"""Run the project's real playbooks through ansible-runner and read their events.
+
+Tests assert on per-task events, e.g. that a run failed at the validation task
+and that no task before it reported a change.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Result:
+    rc: int
+    status: str
+    events: list[dict] = field(default_factory=list)
+    stdout: str = ""
+
+    def task_events(self, event: str | None = None) -> list[dict]:
+        return [
+            e for e in self.events
+            if e.get("event", "").startswith("runner_on_") and (event is None or e["event"] == event)
+        ]
+
+    @property
+    def failed(self) -> list[dict]:
+        """Failed task results that were not ignored, as event_data dicts."""
+        return [
+            e["event_data"] for e in self.task_events("runner_on_failed")
+            if not e["event_data"].get("ignore_errors")
+        ] + [e["event_data"] for e in self.task_events("runner_on_unreachable")]
+
+    @property
+    def changed(self) -> list[dict]:
+        return [
+            e["event_data"] for e in self.task_events("runner_on_ok")
+            if e["event_data"].get("res", {}).get("changed")
+        ]
+
+    def changed_before_first_failure(self) -> list[dict]:
+        out = []
+        for e in self.task_events():
+            data = e["event_data"]
+            if e["event"] == "runner_on_failed" and not data.get("ignore_errors"):
+                break
+            if e["event"] == "runner_on_ok" and data.get("res", {}).get("changed"):
+                out.append(data)
+        return out
+
+    def results(self, task: str) -> dict[str, dict]:
+        """Per-host results of the task named `task` (last occurrence wins)."""
+        return {
+            e["event_data"]["host"]: e["event_data"].get("res", {})
+            for e in self.task_events()
+            if e["event_data"].get("task") == task
+        }
+
+    def failure_messages(self) -> str:
+        return "\n".join(str(d.get("res", {}).get("msg", "")) for d in self.failed)
+
+
+def run_playbook(
+    playbook: str,
+    inventory: str | os.PathLike,
+    *,
+    extravars: dict | None = None,
+    limit: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    tags: str | None = None,
+    envvars: dict | None = None,
+    timeout: int = 1800,
+) -> Result:
+    """Run `playbook` (a path relative to the repository root) like an operator would."""
+    private = Path(tempfile.mkdtemp(prefix="runner-"))
+    cmdline = []
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    env = {
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        **(envvars or {}),
+    }
+    try:
+        r = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(REPO),
+            playbook=str(REPO / playbook),
+            inventory=str(inventory),
+            extravars=extravars or {},
+            limit=limit,
+            tags=tags,
+            cmdline=" ".join(cmdline) or None,
+            envvars=env,
+            quiet=True,
+            timeout=timeout,
+        )
+        stdout = r.stdout.read() if r.stdout else ""
+        return Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
