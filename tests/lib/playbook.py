@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,11 @@ from pathlib import Path
 import ansible_runner
 
 REPO = Path(__file__).resolve().parents[2]
+
+# ansible-runner finds ansible-playbook on PATH: use the one beside this Python.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 
 @dataclass
