@@ -115,6 +115,11 @@ def _check_override(name, value, spec, ack, errors):
             return None
 
     if dropped:
+        if spec.get("keep"):
+            errors.append(
+                f"{where}: drops --{name} ({' '.join(spec['keep'].split())}). Fix: give a value instead "
+                f"(the seed uses {_show(default)}), or remove '{name}' from {OVR}."
+            )
         return None
 
     if kind == "switch":
@@ -124,32 +129,52 @@ def _check_override(name, value, spec, ack, errors):
     if kind == "int":
         number = _as_int(value)
         if number is None:
-            errors.append(f"{where}: --{name} takes a whole number. Fix: give an integer between {spec['min']} and {spec['max']}.")
+            errors.append(
+                f"{where}: --{name} takes a whole number. Fix: give an integer between {spec['min']} and "
+                f"{spec['max']}."
+            )
             return None
         if not spec["min"] <= number <= spec["max"]:
-            errors.append(f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value in that range.")
+            errors.append(
+                f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value "
+                "in that range."
+            )
             return None
         return number
     if kind == "float":
         number = _as_float(value)
         if number is None:
-            errors.append(f"{where}: --{name} takes a number. Fix: give a number between {spec['min']} and {spec['max']}.")
+            errors.append(
+                f"{where}: --{name} takes a number. Fix: give a number between {spec['min']} and "
+                f"{spec['max']}."
+            )
             return None
         if not spec["min"] <= number <= spec["max"]:
-            errors.append(f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value in that range.")
+            errors.append(
+                f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value "
+                "in that range."
+            )
             return None
         return number
     # choice / string
     if _is_bool(value) or not isinstance(value, (str, int, float)):
-        errors.append(f"{where}: --{name} takes a single word value. Fix: give a string such as {_show(default)}.")
+        errors.append(
+            f"{where}: --{name} takes a single word value. Fix: give a string such as {_show(default)}."
+        )
         return None
     text = str(value)
     choices = spec.get("choices")
     if choices and text not in choices:
-        errors.append(f"{where}: --{name} accepts only {', '.join(choices)}. Fix: pick one of those (the seed uses {_show(default)}).")
+        errors.append(
+            f"{where}: --{name} accepts only {', '.join(choices)}. Fix: pick one of those (the seed uses "
+            f"{_show(default)})."
+        )
         return None
     if not SAFE_VALUE.match(text):
-        errors.append(f"{where}: the value contains characters that cannot go unquoted onto the unit's command line. Fix: use letters, digits and ._:/@+,=- only.")
+        errors.append(
+            f"{where}: the value contains characters that cannot go unquoted onto the unit's command "
+            "line. Fix: use letters, digits and ._:/@+,=- only."
+        )
         return None
     return text
 
@@ -166,9 +191,15 @@ def _check_extra(name, value, errors):
     if isinstance(value, str) and SAFE_VALUE.match(value):
         return value
     if isinstance(value, str):
-        errors.append(f"{where}: the value contains characters that cannot go unquoted onto the unit's command line. Fix: use letters, digits and ._:/@+,=- only.")
+        errors.append(
+            f"{where}: the value contains characters that cannot go unquoted onto the unit's command "
+            "line. Fix: use letters, digits and ._:/@+,=- only."
+        )
     else:
-        errors.append(f"{where}: --{name} needs a single scalar value. Fix: give a string or number, true for a bare switch, false to drop it.")
+        errors.append(
+            f"{where}: --{name} needs a single scalar value. Fix: give a string or number, true for a "
+            "bare switch, false to drop it."
+        )
     return None
 
 
@@ -186,14 +217,20 @@ def _check_overrides(model, overrides, ack, errors):
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, Mapping):
-        errors.append(f"{OVR} = {_show(overrides)}: must be a mapping from flag name (without dashes) to value. Fix: e.g. {OVR}: {{context-length: 32768}}.")
+        errors.append(
+            f"{OVR} = {_show(overrides)}: must be a mapping from flag name (without dashes) to value. "
+            f"Fix: e.g. {OVR}: {{context-length: 32768}}."
+        )
         return effective, extras
 
     for raw_name, value in overrides.items():
         name = str(raw_name)
         where = f"{OVR}[{name!r}] = {_show(value)}"
         if name.startswith("-"):
-            errors.append(f"{where}: flag names are given without the leading dashes. Fix: use {name.lstrip('-')!r} as the key.")
+            errors.append(
+                f"{where}: flag names are given without the leading dashes. Fix: use {name.lstrip('-')!r} "
+                "as the key."
+            )
             continue
         canonical = aliases.get(name, name)
         if canonical in flags and flags[canonical]["kind"] == "derived":
@@ -215,11 +252,17 @@ def _check_overrides(model, overrides, ack, errors):
             extras[name] = _check_extra(name, value, errors)
             continue
         if not FLAG_NAME.match(name.replace("_", "-").lower()):
-            errors.append(f"{where}: {name!r} is not a flag name. Fix: use the long option without dashes, e.g. 'context-length'.")
+            errors.append(
+                f"{where}: {name!r} is not a flag name. Fix: use the long option without dashes, e.g. "
+                "'context-length'."
+            )
             continue
         dashed = name.replace("_", "-")
         if dashed != name and dashed in vocabulary:
-            errors.append(f"{where}: --{name} is not a sglang.launch_server flag; did you mean '{dashed}'? Fix: SGLang flags use dashes, rename the key.")
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag; did you mean '{dashed}'? Fix: "
+                "SGLang flags use dashes, rename the key."
+            )
             continue
         prefixed = [known_name for known_name in vocabulary if known_name.startswith(name)]
         if prefixed:
@@ -279,24 +322,37 @@ def _check_combinations(model, effective, errors):
 def _check_model_dir(model_dir, errors):
     var = "sglang_server_model_dir"
     if not isinstance(model_dir, str) or not model_dir:
-        errors.append(f"{var} = {_show(model_dir)}: must be the absolute path of the checkpoint directory on the nodes. Fix: e.g. /opt/models/glm53 (set spark_model_dir).")
+        errors.append(
+            f"{var} = {_show(model_dir)}: must be the absolute path of the checkpoint directory on the "
+            "nodes. Fix: e.g. /opt/models/glm53 (set spark_model_dir)."
+        )
         return None
     if REPO_ID.match(model_dir) and not model_dir.startswith("."):
         errors.append(
             f"{var} = {_show(model_dir)}: this looks like a Hugging Face repo id, but the engine opens "
             f"os.path.join(model_path, 'processor_config.json') directly and fails with a file-missing error. "
-            f"Fix: download it first (hf download {model_dir} --local-dir /opt/models/glm53) and set spark_model_dir to that absolute directory."
+            f"Fix: download it first (hf download {model_dir} --local-dir /opt/models/glm53) and set "
+            "spark_model_dir to that absolute directory."
         )
         return None
     if not model_dir.startswith("/"):
-        errors.append(f"{var} = {_show(model_dir)}: a relative path depends on the unit's working directory. Fix: give the absolute directory, e.g. /opt/models/glm53.")
+        errors.append(
+            f"{var} = {_show(model_dir)}: a relative path depends on the unit's working directory. Fix: "
+            "give the absolute directory, e.g. /opt/models/glm53."
+        )
         return None
     if not SAFE_PATH.match(model_dir):
-        errors.append(f"{var} = {_show(model_dir)}: contains whitespace or shell/systemd metacharacters that would break the docker -v mount. Fix: use a path of letters, digits and ._/+- only.")
+        errors.append(
+            f"{var} = {_show(model_dir)}: contains whitespace or shell/systemd metacharacters that would "
+            "break the docker -v mount. Fix: use a path of letters, digits and ._/+- only."
+        )
         return None
     normal = posixpath.normpath(model_dir)
     if normal == "/" or ".." in model_dir.split("/"):
-        errors.append(f"{var} = {_show(model_dir)}: must name the checkpoint directory itself. Fix: e.g. /opt/models/glm53.")
+        errors.append(
+            f"{var} = {_show(model_dir)}: must name the checkpoint directory itself. Fix: e.g. "
+            "/opt/models/glm53."
+        )
         return None
     return normal
 
@@ -315,14 +371,22 @@ def _check_topology(ctx, errors):
         ok = False
     both = sorted(set(head_group) & set(workers))
     if both:
-        errors.append(f"inventory groups spark_head and spark_workers both hold {both}: a host can hold one rank only. Fix: keep each host in one of the two groups.")
+        errors.append(
+            f"inventory groups spark_head and spark_workers both hold {both}: a host can hold one rank "
+            "only. Fix: keep each host in one of the two groups."
+        )
         ok = False
     if len(set(workers)) != len(workers):
-        errors.append(f"inventory group spark_workers = {workers}: lists a host twice. Fix: list each worker once.")
+        errors.append(
+            f"inventory group spark_workers = {workers}: lists a host twice. Fix: list each worker once."
+        )
         ok = False
     nodes = head_group + [w for w in workers if w not in head_group]
     if host not in nodes:
-        errors.append(f"inventory host {host!r} is in neither spark_head nor spark_workers, so it has no rank. Fix: add it to spark_workers or leave it out of the play.")
+        errors.append(
+            f"inventory host {host!r} is in neither spark_head nor spark_workers, so it has no rank. Fix: "
+            "add it to spark_workers or leave it out of the play."
+        )
         ok = False
     fabric = ctx.get("fabric_ips") or {}
     for node in nodes:
@@ -345,14 +409,19 @@ def _check_scalars(ctx, errors):
         value = ctx.get(var)
         number = _as_int(value)
         if number is None or not low <= number <= high:
-            errors.append(f"{var} = {_show(value)}: {why}. Fix: give a whole number between {low} and {high}.")
+            errors.append(
+                f"{var} = {_show(value)}: {why}. Fix: give a whole number between {low} and {high}."
+            )
             return None
         return number
 
     port = need_int("sglang_server_port", 1, 65535, "the head's HTTP port must be a TCP port number")
     dist = need_int("sglang_server_dist_init_port", 1, 65535, "the rendezvous port must be a TCP port number")
     if port is not None and port == dist:
-        errors.append(f"sglang_server_dist_init_port = {dist}: equals sglang_server_port, and both listen on the head. Fix: choose another port for one of them.")
+        errors.append(
+            f"sglang_server_dist_init_port = {dist}: equals sglang_server_port, and both listen on the "
+            "head. Fix: choose another port for one of them."
+        )
     need_int("sglang_server_gpus_per_node", 1, 8, "a DGX Spark has one GB10 GPU")
     need_int("sglang_server_readiness_timeout", 60, 86400, "the wait for the head's /v1/models is in seconds")
     need_int("sglang_server_stop_timeout", 1, 3600, "docker stop's grace period is in seconds")
@@ -360,39 +429,63 @@ def _check_scalars(ctx, errors):
     for var in ("sglang_server_container_memory", "sglang_server_shm_size"):
         value = ctx.get(var)
         if not isinstance(value, str) or not DOCKER_SIZE.match(value):
-            errors.append(f"{var} = {_show(value)}: docker expects a size such as 120g. Fix: a number followed by b, k, m or g.")
+            errors.append(
+                f"{var} = {_show(value)}: docker expects a size such as 120g. Fix: a number followed by "
+                "b, k, m or g."
+            )
 
     image = ctx.get("sglang_server_image")
     if not isinstance(image, str) or not IMAGE_REF.match(image):
-        errors.append(f"sglang_server_image = {_show(image)}: not a docker image reference. Fix: e.g. lmsysorg/sglang:glm-5.3-flash-arm64.")
+        errors.append(
+            f"sglang_server_image = {_show(image)}: not a docker image reference. Fix: e.g. "
+            "lmsysorg/sglang:glm-5.3-flash-arm64."
+        )
     digest = ctx.get("sglang_server_image_digest")
     if digest and (not isinstance(digest, str) or not DIGEST.match(digest)):
-        errors.append(f"sglang_server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex digits. Fix: copy the RepoDigest's sha256 part, or leave it empty.")
+        errors.append(
+            f"sglang_server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex "
+            "digits. Fix: copy the RepoDigest's sha256 part, or leave it empty."
+        )
 
     unit = ctx.get("sglang_server_unit_name")
     if not isinstance(unit, str) or not UNIT_NAME.match(unit):
-        errors.append(f"sglang_server_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. sglang.service.")
+        errors.append(
+            f"sglang_server_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. "
+            "sglang.service."
+        )
 
     host = ctx.get("sglang_server_host")
     try:
         ipaddress.ip_address(str(host))
     except ValueError:
-        errors.append(f"sglang_server_host = {_show(host)}: the HTTP bind address must be an IP address. Fix: 0.0.0.0, or the head's address.")
+        errors.append(
+            f"sglang_server_host = {_show(host)}: the HTTP bind address must be an IP address. Fix: "
+            "0.0.0.0, or the head's address."
+        )
 
     ifname = ctx.get("sglang_server_fabric_interface")
     if not isinstance(ifname, str) or not IFNAME.match(ifname):
-        errors.append(f"sglang_server_fabric_interface = {_show(ifname)}: NCCL/Gloo/TP need the fabric link's interface name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1).")
+        errors.append(
+            f"sglang_server_fabric_interface = {_show(ifname)}: NCCL/Gloo/TP need the fabric link's "
+            "interface name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1)."
+        )
 
     hca = ctx.get("sglang_server_nccl_ib_hca")
     if hca is None:
         hca = []
     if isinstance(hca, str) or not isinstance(hca, (list, tuple)) or not all(isinstance(h, str) and HCA.match(h) for h in hca):
-        errors.append(f"sglang_server_nccl_ib_hca = {_show(hca)}: must be a list of HCA names such as ['mlx5_0']. Fix: give a list, or [] to let NCCL choose.")
+        errors.append(
+            f"sglang_server_nccl_ib_hca = {_show(hca)}: must be a list of HCA names such as ['mlx5_0']. "
+            "Fix: give a list, or [] to let NCCL choose."
+        )
 
     key = ctx.get("sglang_server_api_key")
     if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n\x00")):
         # The value itself is a secret: never quote it.
-        errors.append("sglang_server_api_key = <redacted>: must be a single-line string (it becomes one line of the env file). Fix: remove line breaks from the key.")
+        errors.append(
+            "sglang_server_api_key = <redacted>: must be a single-line string (it becomes one line of "
+            "the env file). Fix: remove line breaks from the key."
+        )
 
     return port, dist
 
