@@ -1,6 +1,8 @@
 #!/usr/bin/python
 """Fetch a pinned Hugging Face model revision into a local directory."""
 
+# Ansible module layout: the documentation blocks come before the imports.
+# ruff: noqa: E402
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -395,10 +397,11 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(p["timeout"])))
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(p["timeout"])))
     try:
-        from huggingface_hub import HfApi
-        from huggingface_hub import __version__ as hf_version
-        from huggingface_hub.file_download import hf_hub_url, http_get
-        from huggingface_hub.utils import build_hf_headers
+        # Imported late: HF_ENDPOINT must be in the environment first.
+        from huggingface_hub import HfApi  # noqa: PLC0415
+        from huggingface_hub import __version__ as hf_version  # noqa: PLC0415
+        from huggingface_hub.file_download import hf_hub_url, http_get  # noqa: PLC0415
+        from huggingface_hub.utils import build_hf_headers  # noqa: PLC0415
     except ImportError as e:
         module.fail_json(
             msg=f"huggingface_hub is not importable by {sys.executable} ({e}). "
