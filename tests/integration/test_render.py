@@ -1,0 +1,342 @@
+"""playbooks/render.yml: what a deployment would install, written on the controller.
+
+Runs the real playbook through ansible-runner against the example inventory
+(no node is reachable from here, so a run that tried to contact one would fail).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lib.playbook import REPO, run_playbook
+
+INVENTORY = REPO / "inventory" / "spark"
+PLAYBOOK = "playbooks/render.yml"
+VALIDATION_TASK = "Refuse invalid SGLang server settings before any change"
+FACTS = REPO.parent / "shared" / "reference" / "deployment-facts.md"
+
+# deployment-facts.md, "The field-tested launch command", in its order
+# (model-path and tp-size are derived and checked separately).
+SEED = [
+    ("--trust-remote-code", None),
+    ("--attention-backend", "dsa"),
+    ("--dsa-prefill-backend", "tilelang"),
+    ("--dsa-decode-backend", "tilelang"),
+    ("--moe-runner-backend", "flashinfer_cutlass"),
+    ("--kv-cache-dtype", "bfloat16"),
+    ("--disable-shared-experts-fusion", None),
+    ("--reasoning-parser", "glm45"),
+    ("--tool-call-parser", "glm47"),
+    ("--mem-fraction-static", "0.84"),
+    ("--context-length", "65536"),
+    ("--max-running-requests", "2"),
+]
+NODES = {"spark-0": ("0", "192.168.100.10"), "spark-1": ("1", "192.168.100.11")}
+
+
+def pairs(args: list[str]) -> list[tuple[str, str | None]]:
+    out = []
+    for token in args:
+        if token.startswith("--"):
+            out.append((token, None))
+        else:
+            out[-1] = (out[-1][0], token)
+    return out
+
+
+def unit_launch_args(unit_text: str) -> list[str]:
+    """The sglang.launch_server arguments of ExecStart, as systemd would split them."""
+    exec_start = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit_text, re.M | re.S).group(1)
+    words = shlex.split(exec_start.replace("\\\n", " "))
+    if "-m" in words:
+        return words[words.index("sglang.launch_server") + 1:]
+    return words[words.index("-c") + 2:]
+
+
+def render(out: Path, extravars: dict | None = None, **kwargs):
+    return run_playbook(PLAYBOOK, INVENTORY, extravars={"sglang_server_render_dir": str(out), **(extravars or {})}, **kwargs)
+
+
+def assert_refused_before_any_change(result, out: Path, *fragments: str):
+    assert result.rc != 0
+    failed_tasks = {d["task"] for d in result.failed}
+    assert failed_tasks == {VALIDATION_TASK}, failed_tasks
+    assert result.changed_before_first_failure() == []
+    assert result.changed == []
+    message = result.failure_messages()
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message}"
+    assert not out.exists() or not any(out.rglob("*")), list(out.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rendered")
+    first = render(out)
+    assert first.rc == 0, first.stdout
+    second = render(out)
+    return out, first, second
+
+
+def test_render_writes_three_files_per_host(rendered):
+    out, first, _ = rendered
+    assert sorted(p.name for p in out.iterdir()) == sorted(NODES)
+    for host in NODES:
+        assert sorted(p.name for p in (out / host).iterdir()) == ["server-args.json", "sglang.env", "sglang.service"]
+    assert first.failed == []
+
+
+def test_render_contacts_no_node_even_when_the_inventory_says_ssh(tmp_path):
+    inv, hosts = _inventory_copy(tmp_path)
+    for group in ("spark_head", "spark_workers"):
+        for host_vars in hosts["spark"]["children"][group]["hosts"].values():
+            # A closed port on this machine: any connection attempt is UNREACHABLE at once.
+            host_vars.update(ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=1)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    assert result.rc == 0, result.stdout
+    assert result.task_events("runner_on_unreachable") == []
+    assert sorted(p.name for p in out.iterdir()) == sorted(NODES)
+
+
+@pytest.mark.parametrize("host", sorted(NODES))
+def test_server_args_are_the_seed_flag_by_flag_plus_topology(rendered, host):
+    out, _, _ = rendered
+    args = json.loads((out / host / "server-args.json").read_text())
+    assert all(isinstance(a, str) for a in args)
+    got = pairs(args)
+    rank, _ = NODES[host]
+    assert got[0] == ("--model-path", "/models/glm53")
+    assert ("--tp-size", "2") in got
+    seed_only = [p for p in got if p[0] in {name for name, _ in SEED}]
+    for expected, actual in zip(SEED, seed_only, strict=True):
+        assert actual == expected
+    tail = dict(got[got.index(("--nnodes", "2")):])
+    assert tail == {
+        "--nnodes": "2",
+        "--node-rank": rank,
+        "--dist-init-addr": "192.168.100.10:20000",
+        "--host": "0.0.0.0",  # noqa: S104 - rendered text, nothing binds here
+        "--port": "30000",
+    }
+    assert len(got) == 1 + 1 + len(SEED) + len(tail)
+
+
+def test_seed_list_of_this_test_is_the_facts_file_one():
+    if not FACTS.exists():
+        pytest.skip(f"{FACTS} is not beside this checkout")
+    block = FACTS.read_text().split("python3 -m sglang.launch_server", 1)[1].split("\n\n", 1)[0]
+    facts = [p for p in pairs(shlex.split(block.replace("\\\n", " "))) if p[0] not in ("--model-path", "--tp-size")]
+    assert facts == SEED
+
+
+@pytest.mark.parametrize("host", sorted(NODES))
+def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, host):
+    out, _, _ = rendered
+    unit = (out / host / "sglang.service").read_text()
+    args = json.loads((out / host / "server-args.json").read_text())
+    assert unit.startswith("#\n# Ansible managed\n")
+    assert unit_launch_args(unit) == args
+    exec_start = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit, re.M | re.S).group(1)
+    words = shlex.split(exec_start.replace("\\\n", " "))
+    assert words[:2] == ["/usr/bin/docker", "run"]
+    docker_opts = " ".join(words[: words.index("lmsysorg/sglang:glm-5.3-flash-arm64")])
+    for option in (
+        "--gpus all", "--network host", "--ipc host", "--shm-size 32g", "--ulimit memlock=-1",
+        "--ulimit stack=67108864", "--cap-add IPC_LOCK", "--device /dev/infiniband",
+        "--memory 120g --memory-swap 120g", "--volume /opt/models/glm53:/models/glm53:ro",
+        "--env-file /etc/sglang/sglang.env", "--rm --name sglang",
+    ):
+        assert option in docker_opts, option
+    assert " -d " not in f" {docker_opts} " and "--detach" not in docker_opts
+    assert "ExecStartPre=-/usr/bin/docker rm -f sglang" in unit
+    assert "ExecStop=/usr/bin/docker stop --time 60 sglang" in unit
+    assert re.search(r"^TimeoutStartSec=3600$", unit, re.M)
+    assert re.search(r"^After=network-online.target docker.service$", unit, re.M)
+    assert re.search(r"^Wants=network-online.target docker.service$", unit, re.M)
+    assert re.search(r"^Restart=on-failure$", unit, re.M)
+    assert re.search(r"^WantedBy=multi-user.target$", unit, re.M)
+
+
+@pytest.mark.parametrize("host", sorted(NODES))
+def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
+    out, _, _ = rendered
+    path = out / host / "sglang.env"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    lines = path.read_text().splitlines()
+    assert lines[1] == "# Ansible managed"
+    env = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    assert env == {
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "TP_SOCKET_IFNAME": "enp1s0f1np1",
+        "SGLANG_HOST_IP": NODES[host][1],
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def test_second_render_changes_nothing(rendered):
+    _, first, second = rendered
+    assert first.changed, "the first render must write files"
+    assert second.rc == 0
+    assert second.changed == []
+
+
+def test_check_mode_writes_nothing(tmp_path):
+    out = tmp_path / "fresh"
+    result = render(out, check=True, diff=True)
+    assert result.rc == 0, result.stdout
+    assert not out.exists()
+
+
+def test_check_mode_on_a_current_render_reports_no_change(rendered):
+    out, _, _ = rendered
+    result = render(out, check=True)
+    assert result.rc == 0
+    assert result.changed == []
+
+
+def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
+    out = tmp_path / "r"
+    assert render(out).rc == 0
+    result = render(out, {
+        "sglang_server_flag_overrides": {
+            "context-length": 32768,
+            "disable-shared-experts-fusion": False,
+            "enable-metrics": True,
+        },
+        "sglang_server_acknowledge_backend_change": True,
+        "sglang_server_api_key": "sk-render-test-key",
+        "sglang_server_nccl_ib_hca": ["mlx5_0", "mlx5_1"],
+        "sglang_server_render_infiniband": False,
+    })
+    assert result.rc == 0, result.stdout
+    changed_tasks = {d["task"] for d in result.changed}
+    assert "Render the launch arguments as JSON" in changed_tasks
+    for host in NODES:
+        args = json.loads((out / host / "server-args.json").read_text())
+        assert args[args.index("--context-length") + 1] == "32768"
+        assert "--disable-shared-experts-fusion" not in args
+        assert args[-1] == "--enable-metrics"
+        unit = (out / host / "sglang.service").read_text()
+        assert unit_launch_args(unit) == args
+        assert "/dev/infiniband" not in unit
+        env = (out / host / "sglang.env").read_text()
+        assert "NCCL_IB_HCA=mlx5_0,mlx5_1\n" in env
+        assert "SGLANG_API_KEY=<redacted>\n" in env
+        # With a key the launcher reads it from the container environment, not from argv.
+        assert "python3 -c" in unit and "os.environ['SGLANG_API_KEY']" in unit
+    # The key is in no rendered file and in no event the run produced.
+    assert not [p for p in out.rglob("*") if p.is_file() and "sk-render-test-key" in p.read_text()]
+    assert "sk-render-test-key" not in json.dumps(result.events)
+
+
+# Guard rails through the real playbook: (extravars, fragments of the refusal).
+GUARD_RAILS = {
+    "tool-call-parser glm": (
+        {"sglang_server_flag_overrides": {"tool-call-parser": "glm"}},
+        ["sglang_server_flag_overrides['tool-call-parser'] = 'glm'", '"tool_calls": null', "glm47"],
+    ),
+    "reasoning-parser missing": (
+        {"sglang_server_flag_overrides": {"reasoning-parser": None}},
+        ["drops --reasoning-parser", "</think>", "glm45"],
+    ),
+    "reasoning-parser glm47": (
+        {"sglang_server_flag_overrides": {"reasoning-parser": "glm47"}},
+        ["['reasoning-parser'] = 'glm47'", "differ on purpose"],
+    ),
+    "kv cache fp8 with tilelang": (
+        {"sglang_server_flag_overrides": {"kv-cache-dtype": "fp8_e4m3"}},
+        ["['kv-cache-dtype'] = 'fp8_e4m3'", "tilelang", "bfloat16"],
+    ),
+    "backend change without acknowledgement": (
+        {"sglang_server_flag_overrides": {"moe-runner-backend": "triton", "attention-backend": "fa3"}},
+        ["['moe-runner-backend'] = 'triton'", "['attention-backend'] = 'fa3'", "sglang_server_acknowledge_backend_change"],
+    ),
+    "shared experts fusion dropped": (
+        {"sglang_server_flag_overrides": {"disable-shared-experts-fusion": False}},
+        ["['disable-shared-experts-fusion'] = false", "sglang_server_acknowledge_backend_change"],
+    ),
+    "numbers out of range or not numeric": (
+        {"sglang_server_flag_overrides": {"context-length": "64k", "max-running-requests": 0, "mem-fraction-static": 1.5}},
+        ["['context-length'] = '64k'", "['max-running-requests'] = 0", "['mem-fraction-static'] = 1.5"],
+    ),
+    "model dir is a repo id": (
+        {"sglang_server_model_dir": "LibertAIDAI/GLM-5.3-Flash-NVFP4"},
+        ["sglang_server_model_dir = 'LibertAIDAI/GLM-5.3-Flash-NVFP4'", "processor_config.json"],
+    ),
+    "model dir relative": (
+        {"sglang_server_model_dir": "glm53"},
+        ["sglang_server_model_dir = 'glm53'", "absolute"],
+    ),
+    "model dir with metacharacters": (
+        {"sglang_server_model_dir": "/opt/models/$(id)"},
+        ["sglang_server_model_dir = '/opt/models/$(id)'", "metacharacters"],
+    ),
+    "topology flag in overrides": (
+        {"sglang_server_flag_overrides": {"tp-size": 4, "node-rank": 0}},
+        ["['tp-size'] = 4", "['node-rank'] = 0", "topology flag"],
+    ),
+    "typo": (
+        {"sglang_server_flag_overrides": {"max-runing-requests": 1}},
+        ["did you mean 'max-running-requests'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GUARD_RAILS))
+def test_guard_rail_refuses_at_validation_before_any_change(tmp_path, case):
+    extravars, fragments = GUARD_RAILS[case]
+    out = tmp_path / "r"
+    result = render(out, extravars)
+    assert_refused_before_any_change(result, out, *fragments, "Fix:")
+
+
+def _inventory_copy(tmp_path: Path) -> tuple[Path, dict]:
+    inv = tmp_path / "inventory"
+    shutil.copytree(INVENTORY, inv)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    return inv, hosts
+
+
+def test_one_bad_host_stops_every_host(tmp_path):
+    inv, hosts = _inventory_copy(tmp_path)
+    hosts["spark"]["children"]["spark_workers"]["hosts"]["spark-1"]["sglang_server_flag_overrides"] = {
+        "tool-call-parser": "glm"
+    }
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    assert result.rc != 0
+    assert {d["host"] for d in result.failed} == {"spark-1"}
+    assert result.changed == []
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda h: h["spark"]["children"]["spark_head"]["hosts"].update(
+            {"spark-2": {"ansible_host": "10.0.0.12", "spark_fabric_ip": "192.168.100.12"}}),
+         "spark_head = ['spark-0', 'spark-2']: it must hold exactly one host"),
+        (lambda h: h["spark"]["children"]["spark_workers"]["hosts"]["spark-1"].pop("spark_fabric_ip"),
+         "hostvars['spark-1'].spark_fabric_ip = null"),
+    ],
+    ids=["two heads", "worker without fabric ip"],
+)
+def test_inventory_shape_is_validated(tmp_path, mutate, fragment):
+    inv, hosts = _inventory_copy(tmp_path)
+    mutate(hosts)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    assert_refused_before_any_change(result, out, fragment, "Fix:")
