@@ -1,0 +1,294 @@
+"""The checkpoint role's modules, run as Ansible runs them (a script reading its arguments file).
+
+The record is built by the real huggingface_hub client against the local hub emulator, so
+these tests also pin the record format to what the hub reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.standins.hub_emulator import HubEmulator, build_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+LIBRARY = REPO / "roles" / "checkpoint" / "library"
+SCALES = "model-input-scales.safetensors"
+SHARD = "model-00042-of-00120.safetensors"
+
+
+def run_module(name: str, args: dict, tmp: Path, check: bool = False) -> dict:
+    argsfile = tmp / f"{name}-args.json"
+    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
+    proc = subprocess.run([sys.executable, str(LIBRARY / f"{name}.py"), str(argsfile)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"{name} printed no JSON: {proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    info = build_checkpoint(root)
+    with HubEmulator(root) as emulator:
+        emulator.info = info
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def pristine(hub, tmp_path_factory):
+    """A complete fetched checkpoint and its record, copied fresh for each test."""
+    base = tmp_path_factory.mktemp("pristine")
+    model = base / "glm53"
+    res = run_module("checkpoint_fetch", {"repo_id": hub.info["repo_id"], "revision": hub.info["new"],
+                                          "model_dir": str(model), "endpoint": hub.url}, base)
+    assert not res.get("failed"), res
+    return base
+
+
+@pytest.fixture
+def ckpt(pristine, tmp_path):
+    shutil.copytree(pristine, tmp_path / "m", symlinks=True)
+    model = tmp_path / "m" / "glm53"
+    return model, tmp_path / "m" / "glm53.record.json"
+
+
+def verify(model: Path, record: Path, tmp: Path, **kw) -> dict:
+    return run_module("checkpoint_verify", {"model_dir": str(model), "record_path": str(record),
+                                            "fail_on_problems": False, **kw}, tmp)
+
+
+@pytest.mark.parametrize("revision", ["main", "7ce4007", "7CE4007804DDBB1B33185FEBC1669F76F90FB53E", "v1.0", ""])
+def test_fetch_refuses_unpinned_revision(revision, tmp_path):
+    res = run_module("checkpoint_fetch", {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": revision,
+                                          "model_dir": str(tmp_path / "glm53"),
+                                          "endpoint": "http://127.0.0.1:9"}, tmp_path)
+    assert res["failed"]
+    assert "40 lowercase hex" in res["msg"] and "Fix" in res["msg"]
+    assert not (tmp_path / "glm53").exists()
+
+
+def test_record_matches_what_the_hub_reports(pristine, hub):
+    record = json.loads((pristine / "glm53.record.json").read_text())
+    assert record["revision"] == hub.info["new"]
+    assert sorted(record["files"]) == hub.info["files"]
+    shard = record["files"][SHARD]
+    assert len(shard["sha256"]) == 64 and "git_sha1" not in shard
+    assert "sha256" not in record["files"]["config.json"] and len(record["files"]["config.json"]["git_sha1"]) == 40
+    assert oct(os.stat(pristine / "glm53.record.json").st_mode & 0o777) == "0o644"
+
+
+def test_fetch_check_mode_changes_nothing(hub, tmp_path):
+    res = run_module("checkpoint_fetch", {"repo_id": hub.info["repo_id"], "revision": hub.info["new"],
+                                          "model_dir": str(tmp_path / "glm53"), "endpoint": hub.url}, tmp_path,
+                     check=True)
+    assert res["changed"] and len(res["fetched"]) == len(hub.info["files"])
+    assert not (tmp_path / "glm53").exists() and not (tmp_path / "glm53.record.json").exists()
+
+
+def test_fetch_refuses_a_filesystem_too_small(hub, tmp_path):
+    res = run_module("checkpoint_fetch", {"repo_id": hub.info["repo_id"], "revision": hub.info["new"],
+                                          "model_dir": str(tmp_path / "glm53"), "endpoint": hub.url,
+                                          "disk_reserve_bytes": 1 << 62}, tmp_path)
+    assert res["failed"] and "checkpoint_model_dir" in res["msg"] and "free" in res["msg"]
+    assert not list((tmp_path / "glm53").iterdir())
+
+
+def test_fast_verify_passes_on_a_complete_copy(ckpt, tmp_path):
+    model, record = ckpt
+    res = verify(model, record, tmp_path)
+    assert res["ok"], res["problems"]
+    assert res["refetch"] == [] and res["file_count"] == 130
+    # Fast mode hashes the small files only, never the shards.
+    assert res["hashed_bytes"] < res["total_bytes"] - 120 * 2048
+
+
+def test_missing_and_truncated_files_are_refetched(ckpt, tmp_path):
+    model, record = ckpt
+    (model / "processor_config.json").unlink()
+    with open(model / SHARD, "r+b") as f:
+        f.truncate(100)
+    res = verify(model, record, tmp_path)
+    assert not res["ok"]
+    assert res["missing"] == ["processor_config.json"]
+    assert res["wrong_size"] == [SHARD]
+    assert res["refetch"] == sorted(["processor_config.json", SHARD])
+
+
+def test_corrupted_shard_is_found_by_deep_verify_only(ckpt, tmp_path):
+    model, record = ckpt
+    path = model / SHARD
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert verify(model, record, tmp_path)["ok"]
+    res = verify(model, record, tmp_path, mode="deep")
+    assert not res["ok"]
+    assert res["wrong_content"] == [SHARD] and res["refetch"] == [SHARD]
+
+
+def test_stale_input_scales_are_detected_in_fast_mode(ckpt, hub, tmp_path):
+    model, record = ckpt
+    old = Path(hub.store.root) / hub.info["repo_id"] / hub.info["old"] / SCALES
+    shutil.copyfile(old, model / SCALES)
+    res = verify(model, record, tmp_path)
+    assert not res["ok"] and res["stale_scales"]
+    assert res["refetch"] == [SCALES]
+    assert any("2026-08-30" in p for p in res["problems"])
+
+
+@pytest.mark.parametrize("kind", ["py", "sh", "so", "exec", "symlink", "nested_py"])
+def test_code_like_files_not_in_the_record_are_refused(ckpt, tmp_path, kind):
+    model, record = ckpt
+    if kind == "exec":
+        target = model / "helper"
+        target.write_text("#!/bin/sh\n")
+        target.chmod(0o755)
+    elif kind == "symlink":
+        target = model / "tokenizer_extra.json"
+        target.symlink_to("/etc/passwd")
+    elif kind == "nested_py":
+        (model / "sub").mkdir()
+        target = model / "sub" / "modeling_glm5_next.py"
+        target.write_text("import os\n")
+    else:
+        target = model / f"modeling_glm5_next.{kind}"
+        target.write_text("x\n")
+    res = verify(model, record, tmp_path)
+    assert res["failed"] and "--trust-remote-code" in res["msg"]
+    assert res["refused"] == [target.relative_to(model).as_posix()]
+
+
+def test_extra_data_file_is_reported_and_kept(ckpt, tmp_path):
+    model, record = ckpt
+    (model / "notes.txt").write_text("mine\n")
+    res = verify(model, record, tmp_path)
+    assert not res["ok"] and res["extra"] == ["notes.txt"] and res["refetch"] == []
+    assert (model / "notes.txt").exists()
+    res = verify(model, record, tmp_path, fail_on_problems=True)
+    assert res["failed"] and "notes.txt" in res["msg"]
+
+
+def test_client_metadata_dir_is_ignored(ckpt, tmp_path):
+    model, record = ckpt
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "config.json.metadata").write_text("x\n")
+    assert verify(model, record, tmp_path)["ok"]
+
+
+def test_record_of_another_model_is_refused(ckpt, tmp_path):
+    model, record = ckpt
+    data = json.loads(record.read_text())
+    del data["files"]["model-00120-of-00120.safetensors"]
+    record.write_text(json.dumps(data))
+    (model / "model-00120-of-00120.safetensors").unlink()
+    res = verify(model, record, tmp_path)
+    assert res["failed"] and "expected 120" in res["msg"] and "checkpoint_revision" in res["msg"]
+
+
+def test_config_without_glm5_next_is_refused(ckpt, tmp_path):
+    model, record = ckpt
+    res = verify(model, record, tmp_path, model_type="glm4_moe")
+    assert res["failed"] and "glm5_next" in res["msg"]
+
+
+def test_stamp_written_after_deep_and_removed_on_failure(ckpt, tmp_path):
+    model, record = ckpt
+    stamp = model.parent / "glm53.verified"
+    res = verify(model, record, tmp_path, mode="deep", stamp_path=str(stamp))
+    assert res["changed"] and json.loads(stamp.read_text())["revision"] == res["revision"]
+    again = verify(model, record, tmp_path, mode="deep", stamp_path=str(stamp))
+    assert not again["changed"] and again["stamp"]["revision"] == res["revision"]
+    fast = verify(model, record, tmp_path, stamp_path=str(stamp))
+    assert fast["stamp"] is not None and not fast["changed"]
+    (model / "config.json").unlink()
+    in_check = run_module("checkpoint_verify", {"model_dir": str(model), "record_path": str(record),
+                                                "stamp_path": str(stamp), "fail_on_problems": False},
+                          tmp_path, check=True)
+    assert in_check["changed"] and stamp.exists()
+    gone = verify(model, record, tmp_path, stamp_path=str(stamp))
+    assert gone["changed"] and not stamp.exists()
+
+
+def test_fast_verify_never_writes_a_stamp(ckpt, tmp_path):
+    model, record = ckpt
+    stamp = model.parent / "glm53.verified"
+    res = verify(model, record, tmp_path, stamp_path=str(stamp))
+    assert res["ok"] and res["stamp"] is None and not stamp.exists()
+
+
+def _fake_rsh(tmp: Path) -> str:
+    """An rsync remote shell that runs the 'remote' side locally, as ssh would on the worker."""
+    script = tmp / "fake-rsh"
+    script.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_sync_sends_only_listed_files_in_parallel_streams(ckpt, tmp_path):
+    model, record = ckpt
+    dest = tmp_path / "worker" / "glm53"
+    dest.mkdir(parents=True)
+    files = sorted(p.name for p in model.iterdir())
+    res = run_module("checkpoint_sync", {"src_dir": str(model), "dest_host": "127.0.0.1", "dest_dir": str(dest),
+                                         "files": files[:40], "streams": 4, "ssh_command": _fake_rsh(tmp_path),
+                                         "progress_path": str(tmp_path / "p.json")}, tmp_path)
+    assert not res.get("failed"), res
+    assert res["changed"] and res["transferred_files"] == 40 and len(res["streams"]) == 4
+    assert sorted(p.name for p in dest.iterdir()) == files[:40]
+    assert sum(s["files"] for s in res["streams"]) == 40
+    assert json.loads((tmp_path / "p.json").read_text())["state"] == "done"
+    res = run_module("checkpoint_sync", {"src_dir": str(model), "dest_host": "127.0.0.1", "dest_dir": str(dest),
+                                         "files": [], "ssh_command": _fake_rsh(tmp_path)}, tmp_path)
+    assert not res["changed"]
+
+
+def test_sync_repairs_a_corrupted_file_with_same_size_and_mtime(ckpt, tmp_path):
+    model, record = ckpt
+    dest = tmp_path / "worker" / "glm53"
+    shutil.copytree(model, dest)
+    path = dest / SHARD
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    res = run_module("checkpoint_sync", {"src_dir": str(model), "dest_host": "127.0.0.1", "dest_dir": str(dest),
+                                         "files": [SHARD], "ssh_command": _fake_rsh(tmp_path)}, tmp_path)
+    assert not res.get("failed"), res
+    assert path.read_bytes() == (model / SHARD).read_bytes()
+    assert verify(dest, record, tmp_path, mode="deep")["ok"]
+
+
+def test_sync_failure_names_the_fix(ckpt, tmp_path):
+    model, _ = ckpt
+    res = run_module("checkpoint_sync", {"src_dir": str(model), "dest_host": "127.0.0.1",
+                                         "dest_dir": str(tmp_path / "nowhere" / "deeper" / "glm53"),
+                                         "files": [SHARD], "ssh_command": _fake_rsh(tmp_path)}, tmp_path)
+    assert res["failed"] and "resume" in res["msg"]
+
+
+def test_progress_ignores_an_older_run_and_sees_the_end(tmp_path):
+    jobs = tmp_path / "async"
+    jobs.mkdir()
+    (jobs / "j1").write_text(json.dumps({"started": True, "finished": False}))
+    progress = tmp_path / "progress.json"
+    progress.write_text(json.dumps({"id": "old", "state": "done", "line": "stale line"}))
+    args = {"path": str(progress), "progress_id": "new", "jid": "j1", "async_dir": str(jobs), "wait": 1}
+    res = run_module("checkpoint_progress", args, tmp_path)
+    assert res["line"] == "starting" and not res["finished"] and not res["changed"]
+    progress.write_text(json.dumps({"id": "new", "state": "running", "line": "1.0 GiB / 2.0 GiB"}))
+    (jobs / "j1").write_text(json.dumps({"changed": True, "fetched": []}))
+    res = run_module("checkpoint_progress", args, tmp_path)
+    assert res["finished"] and res["line"] == "1.0 GiB / 2.0 GiB"
