@@ -1,0 +1,202 @@
+"""The verify judge (roles/sglang_verify/module_utils) on recorded good and bad answers.
+
+The recorded bodies are written out here, in the shapes SGLang returns and the
+seed describes (deployment-facts.md, "Known failures" 3 and 4, "Verifying a
+deployment"), not produced by the responder the integration tests use: a
+judge checked only against its own stand-in could share its blind spots.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "sglang_verify_judge", REPO / "roles/sglang_verify/module_utils/sglang_verify_judge.py"
+)
+judge = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(judge)
+
+
+def ok(body):
+    return {"status": 200, "error": "", "body_text": json.dumps(body, ensure_ascii=False), "json": body}
+
+
+def chat(message, finish="stop"):
+    return ok({"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+
+
+MODELS = ok({"object": "list", "data": [{"id": "/models/glm53", "object": "model"}]})
+# deployment-facts.md, "Verifying a deployment": the correct answer.
+GOOD_REASONING = chat({"role": "assistant", "content": "391",
+                       "reasoning_content": "17 × 23 = 17 × 20 + 17 × 3 = 340 + 51 = 391", "tool_calls": None})
+# Known failure 4: reasoning parser missing.
+NO_PARSER = chat({"role": "assistant", "content": "17 × 20 = 340, 17 × 3 = 51, so the answer is 391.</think>391",
+                  "reasoning_content": None})
+# Thinking in content without the closing tag, reasoning_content null.
+NO_PARSER_NO_TAG = chat({"role": "assistant", "content": "Let me compute 17 × 20 = 340 and 17 × 3 = 51. The answer is 391",
+                         "reasoning_content": None})
+GOOD_TOOL = chat({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+]}, finish="tool_calls")
+# Known failure 3: --tool-call-parser glm.
+GLM_PARSER = chat({"role": "assistant", "content": "", "tool_calls": None})
+RAW_MARKUP = chat({"role": "assistant", "content": "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+                   "tool_calls": None})
+BAD_ARGS = chat({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\""}}
+]}, finish="tool_calls")
+
+
+def run(**overrides):
+    exchanges = {"models": MODELS, "reasoning": GOOD_REASONING, "tool_call": GOOD_TOOL}
+    exchanges.update(overrides)
+    verdict = judge.judge_all(exchanges, "glm53")
+    return verdict, {c["name"]: c for c in verdict["checks"]}
+
+
+def test_good_deployment_passes_every_check():
+    verdict, checks = run()
+    assert verdict["ok"], verdict["table"]
+    assert list(checks) == ["models", "reasoning", "tool_call", "sanity"]
+    assert all(c["ok"] for c in checks.values())
+
+
+@pytest.mark.parametrize("answer", [NO_PARSER, NO_PARSER_NO_TAG], ids=["think-tag", "no-tag"])
+def test_thinking_in_content_names_the_reasoning_parser(answer):
+    verdict, checks = run(reasoning=answer)
+    assert not verdict["ok"]
+    assert not checks["reasoning"]["ok"]
+    assert "reasoning parser" in checks["reasoning"]["diagnosis"]
+    assert "glm45" in checks["reasoning"]["remedy"]
+    assert checks["tool_call"]["ok"] and checks["models"]["ok"]
+
+
+def test_reasoning_content_also_copied_into_content_is_a_leak():
+    leaked = chat({"role": "assistant", "content": "17 × 20 = 340 ... 391\n391", "reasoning_content": "17 × 20 = 340 ... 391"})
+    _, checks = run(reasoning=leaked)
+    assert not checks["reasoning"]["ok"]
+    assert "glm45" in checks["reasoning"]["remedy"]
+
+
+def test_wrong_answer_with_parser_active_points_at_corruption():
+    wrong = chat({"role": "assistant", "content": "394", "reasoning_content": "17 × 23 = 394"})
+    _, checks = run(reasoning=wrong)
+    assert not checks["reasoning"]["ok"]
+    assert "garbage" in checks["reasoning"]["diagnosis"]
+    assert "image" in checks["reasoning"]["remedy"]
+
+
+def test_cut_off_thinking_asks_for_more_tokens():
+    cut = chat({"role": "assistant", "content": "", "reasoning_content": "17 × 23 = 17 × 20 + ..."}, finish="length")
+    _, checks = run(reasoning=cut)
+    assert not checks["reasoning"]["ok"]
+    assert "sglang_verify_max_tokens" in checks["reasoning"]["remedy"]
+
+
+def test_empty_content_null_tool_calls_is_the_glm_parser_fingerprint():
+    verdict, checks = run(tool_call=GLM_PARSER)
+    assert not verdict["ok"]
+    c = checks["tool_call"]
+    assert not c["ok"]
+    assert "fingerprint of --tool-call-parser glm " in c["diagnosis"]
+    assert "glm47" in c["remedy"]
+    assert checks["reasoning"]["ok"]
+
+
+def test_tool_markup_in_content_names_glm47():
+    _, checks = run(tool_call=RAW_MARKUP)
+    assert not checks["tool_call"]["ok"]
+    assert "as text" in checks["tool_call"]["diagnosis"]
+    assert "glm47" in checks["tool_call"]["remedy"]
+
+
+def test_invalid_json_arguments_fail_the_tool_check():
+    _, checks = run(tool_call=BAD_ARGS)
+    assert not checks["tool_call"]["ok"]
+    assert "not valid JSON" in checks["tool_call"]["diagnosis"]
+
+
+def test_json_arguments_must_be_an_object():
+    scalar = chat({"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": "\"Paris\""}}]})
+    _, checks = run(tool_call=scalar)
+    assert not checks["tool_call"]["ok"]
+
+
+@pytest.mark.parametrize("where", ["reasoning", "tool_call"])
+def test_replacement_character_anywhere_fails_sanity(where):
+    good = {"reasoning": GOOD_REASONING, "tool_call": GOOD_TOOL}[where]
+    body = json.loads(good["body_text"])
+    if where == "reasoning":
+        body["choices"][0]["message"]["reasoning_content"] += " \ufffd"
+    else:
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "{\"city\": \"Pa\ufffdis\"}"
+    verdict, checks = run(**{where: ok(body)})
+    assert not verdict["ok"]
+    assert not checks["sanity"]["ok"]
+    assert "corruption" in checks["sanity"]["diagnosis"]
+    assert checks[where]["ok"], "the replacement character is the sanity check's finding, not this one's"
+
+
+def test_replacement_from_undecodable_bytes_in_the_raw_body_fails_sanity():
+    # The module decodes with errors="replace": invalid UTF-8 arrives as U+FFFD in body_text only.
+    exchange = dict(GOOD_REASONING, body_text=GOOD_REASONING["body_text"].replace("391\"", "39\ufffd1\"", 1))
+    _, checks = run(reasoning=exchange)
+    assert not checks["sanity"]["ok"]
+
+
+def test_unreachable_endpoint_fails_everything_with_a_pointer():
+    down = {"status": None, "error": "URLError: <urlopen error [Errno 111] Connection refused>", "body_text": "", "json": None}
+    verdict = judge.judge_all({"models": down}, "glm53")
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert not verdict["ok"]
+    assert "not reachable" in checks["models"]["diagnosis"]
+    assert checks["reasoning"]["detail"] == "not requested"
+    assert not checks["sanity"]["ok"]
+
+
+def test_missing_or_wrong_api_key_is_named():
+    denied = {"status": 401, "error": "HTTPError: 401", "body_text": "{\"error\": \"Unauthorized\"}",
+              "json": {"error": "Unauthorized"}}
+    _, checks = run(models=denied)
+    assert not checks["models"]["ok"]
+    assert "sglang_server_api_key" in checks["models"]["remedy"]
+
+
+@pytest.mark.parametrize(("listed", "expected", "passes"), [
+    ("/models/glm53", "glm53", True),
+    ("glm53", "glm53", True),
+    ("/models/glm53", "/models/glm53", True),
+    ("/models/other", "glm53", False),
+])
+def test_model_listing(listed, expected, passes):
+    check, match = judge.judge_models(ok({"data": [{"id": listed}]}), expected)
+    assert check["ok"] is passes
+    assert (match == listed) is passes
+
+
+def test_empty_model_list_fails():
+    check, _ = judge.judge_models(ok({"data": []}), "glm53")
+    assert not check["ok"]
+    assert "nothing" in check["detail"]
+
+
+def test_table_shows_cause_and_fix_under_a_failing_row():
+    verdict, _ = run(tool_call=GLM_PARSER)
+    text = "\n".join(verdict["table"])
+    assert "tool_call  FAIL" in text
+    assert "cause:" in text and "fix:" in text and "glm47" in text
+    assert text.count("PASS") == 3
+
+
+def test_requests_are_the_seed_question_and_one_simple_tool():
+    r = judge.reasoning_request("/models/glm53", 512)
+    assert r["messages"] == [{"role": "user", "content": "17 × 23 = ?"}]
+    t = judge.tool_request("/models/glm53", 512)
+    assert len(t["tools"]) == 1
+    assert t["tools"][0]["function"]["parameters"]["required"] == ["city"]
