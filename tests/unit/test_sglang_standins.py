@@ -344,6 +344,16 @@ def test_missing_image_and_container_errors(tmp_path):
     assert docker(root, "rm", "-f", "sglang").returncode == 0
 
 
+def test_run_reports_the_container_path_of_a_checkpoint_without_processor_config(tmp_path, model_dir):
+    root = node_root(tmp_path, "n")
+    (model_dir / "processor_config.json").unlink()
+    docker(root, "pull", IMAGE)
+    r = docker(root, "run", "--rm", "--gpus", "all", "-v", f"{model_dir}:/models/glm53:ro", IMAGE,
+               "python3", "-m", "sglang.launch_server", *server_args("/models/glm53", free_port()))
+    assert r.returncode == 1
+    assert "No such file or directory: '/models/glm53/processor_config.json'" in r.stdout
+
+
 def test_run_refuses_a_missing_device_or_env_file_like_docker(tmp_path):
     root = node_root(tmp_path, "n")
     docker(root, "pull", IMAGE)
@@ -380,8 +390,9 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
         assert conflict.returncode == 125 and 'The container name "/sglang" is already in use' in conflict.stderr
         # The key came from the env file, not from any command line.
         assert http(port, "/v1/models")[0] == 401
-        assert http(port, "/v1/models", headers={"Authorization": "Bearer sk-env-only"})[1]["data"][0]["id"] == \
-            str(model_dir)
+        # Served under the container path, as the real server would.
+        models = http(port, "/v1/models", headers={"Authorization": "Bearer sk-env-only"})[1]
+        assert models["data"][0]["id"] == "/models/glm53"
         assert "sk-env-only" not in " ".join(cmd)
         assert "MAMBA component" in docker(root, "logs", "sglang").stdout
         assert docker(root, "stop", "--time", "5", "sglang").stdout.strip() == "sglang"

@@ -112,10 +112,28 @@ def parser():
     return p
 
 
+def container_path(path):
+    """Undo the docker stand-in's mount translation for what the server reports.
+
+    The real server only ever sees container paths; here docker hands over host
+    paths plus SPARK_SIM_MOUNTS ([[host, container], ...]) to say where they came from.
+    """
+    try:
+        mounts = json.loads(os.environ.get("SPARK_SIM_MOUNTS", "[]"))
+    except ValueError:
+        mounts = []
+    for source, container in sorted(mounts, key=lambda m: -len(m[0])):
+        host = source.rstrip("/")
+        if path == host or path.startswith(host + "/"):
+            return container.rstrip("/") + path[len(host):]
+    return path
+
+
 def check_model(args):
     """The GLM-5.3 model code opens processor_config.json by path, before any weights."""
     path = os.path.join(args.model_path, "processor_config.json")
     if not os.path.isfile(path):
+        path = container_path(path)
         sys.stdout.write("Traceback (most recent call last):\n"
                          '  File "/sgl-workspace/sglang/python/sglang/srt/models/glm5_next.py", line 418, in '
                          "load_processor_config\n    with open(os.path.join(model_path, \"processor_config.json\")) "
@@ -234,7 +252,7 @@ def watch_peers(conns, rank):
 class Engine:
     def __init__(self, args):
         self.args = args
-        self.model_id = args.served_model_name or args.model_path
+        self.model_id = args.served_model_name or container_path(args.model_path)
         self.lock = threading.Lock()
         self.total_tokens = 0
 
