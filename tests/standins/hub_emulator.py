@@ -428,10 +428,11 @@ class _Handler(BaseHTTPRequestHandler):
                         if name in hub.faults:
                             hub.faults[name]["tripped"] = True
                     self.wfile.flush()
-                    # RST rather than FIN so the client sees a broken transfer, not a short one.
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    # FIN, not RST: an RST makes the kernel drop bytes the client has not read yet,
+                    # and the test must know exactly how many bytes reached it. A body shorter
+                    # than Content-Length is what a broken transfer looks like to the client.
                     self.close_connection = True
-                    self.connection.close()
+                    self.connection.shutdown(socket.SHUT_WR)
                     return
                 data = f.read(n)
                 if not data:
