@@ -1,0 +1,171 @@
+"""Preflight on the simulated nodes: passes on good nodes, reports every planted fault by node in one run.
+
+Faults are planted through the stand-in knobs (GPU, Docker) and, for the disk,
+a real size-limited tmpfs mounted over SSH at the model directory's parent.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import run_playbook
+
+PLAYBOOK = "playbooks/preflight.yml"
+MODEL_PARENT = "/opt/models"
+MODEL_DIR = f"{MODEL_PARENT}/glm53"
+MIB = 1024 * 1024
+SUMMARY_TASK = "Print the preflight summary of every node"
+STOP_TASK = "Stop when any node has a fatal finding"
+
+
+def node(cluster, name):
+    return next(n for n in cluster.nodes if n.name == name)
+
+
+def findings(result) -> set[tuple[str, str, str]]:
+    """(host, severity, check) of every finding row in the summary."""
+    report = next(iter(result.results(SUMMARY_TASK).values()))["msg"]
+    rows = re.findall(r"^(spark-\d+)\s+(FATAL|WARN)\s+(\S+)\s", report, re.MULTILINE)
+    return set(rows)
+
+
+def summary(result) -> str:
+    return next(iter(result.results(SUMMARY_TASK).values()))["msg"]
+
+
+@pytest.fixture
+def knobs(sim_cluster):
+    """Set stand-in knobs for one test; every node gets the defaults back afterwards."""
+    touched = set()
+
+    def set_knobs(name, values):
+        touched.add(name)
+        sim.set_knobs(sim_cluster.instance, name, values)
+
+    yield set_knobs
+    defaults = {
+        "gpu": {"installed": True, "present": True, "count": 1, "name": "NVIDIA GB10", "compute_cap": "12.1",
+                "driver_version": "580.95.05", "processes": []},
+        "docker": {"running": True, "nvidia_runtime": True},
+    }
+    for name in touched:
+        sim.set_knobs(sim_cluster.instance, name, defaults)
+
+
+@pytest.fixture
+def small_fs(sim_cluster):
+    """Mount a real tmpfs of the given size at the model directory's parent on a node."""
+    mounted = []
+
+    def mount(name, size_mib, present_mib=0):
+        n = node(sim_cluster, name)
+        sim.ssh(n, f"mkdir -p {MODEL_PARENT} && mount -t tmpfs -o size={size_mib}m spark-test {MODEL_PARENT}")
+        mounted.append(n)
+        if present_mib:
+            sim.ssh(n, f"mkdir -p {MODEL_DIR} && head -c {present_mib * MIB} /dev/zero > {MODEL_DIR}/model-00001.safetensors")
+        avail = int(sim.ssh(n, f"df -B1 --output=avail {MODEL_PARENT} | tail -n 1"))
+        assert avail == (size_mib - present_mib) * MIB, "the tmpfs is not the size the test relies on"
+
+    yield mount
+    for n in mounted:
+        sim.ssh(n, f"umount {MODEL_PARENT}", check=False)
+
+
+def test_preflight_passes_on_good_nodes_and_changes_nothing(sim_inventory):
+    for check in (False, True):
+        result = run_playbook(PLAYBOOK, sim_inventory, check=check)
+        assert result.rc == 0, summary(result) if result.results(SUMMARY_TASK) else result.stdout[-3000:]
+        assert result.changed == []
+        assert findings(result) == set()
+        assert re.search(r"^spark-0\s+ok$", summary(result), re.MULTILINE)
+        assert re.search(r"^spark-1\s+ok$", summary(result), re.MULTILINE)
+        assert "0 fatal" in summary(result)
+
+
+def test_preflight_reports_every_fault_of_every_node_in_one_run(sim_inventory, knobs, small_fs):
+    knobs("spark-0", {"gpu": {"present": False}, "docker": {"running": False}})
+    knobs("spark-1", {"gpu": {"name": "NVIDIA H100 80GB HBM3", "driver_version": "550.54.15",
+                              "processes": [{"pid": 4242, "name": "ollama"}]},
+                      "docker": {"nvidia_runtime": False}})
+    small_fs("spark-1", 64)
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={
+        # The real site's expectation: the x86_64 test nodes are the wrong architecture.
+        "preflight_expected_arch": "aarch64",
+        # Default size (1 GiB in the test site) cannot fit the 64 MiB filesystem.
+        "preflight_fabric_interfaces": ["enp1s0f1np1", "enp1s0f0np0"],
+    })
+    assert result.rc != 0
+    assert [d["task"] for d in result.failed] == [STOP_TASK], "a probe failed instead of being reported"
+    assert result.changed == []
+    assert findings(result) == {
+        ("spark-0", "FATAL", "arch"),
+        ("spark-0", "FATAL", "gpu"),
+        ("spark-0", "FATAL", "docker"),
+        ("spark-0", "FATAL", "fabric"),
+        ("spark-1", "FATAL", "arch"),
+        ("spark-1", "FATAL", "gpu-name"),
+        ("spark-1", "FATAL", "gpu-driver"),
+        ("spark-1", "FATAL", "gpu-busy"),
+        ("spark-1", "FATAL", "docker"),
+        ("spark-1", "FATAL", "disk"),
+        ("spark-1", "FATAL", "fabric"),
+    }
+    text = summary(result)
+    for fragment in (
+        "nvidia-smi cannot talk to the NVIDIA driver (exit 9)",
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock",
+        'GPU 0 is "NVIDIA H100 80GB HBM3", expected "NVIDIA GB10"',
+        "NVIDIA driver 550.54.15 is older than 580.95.05",
+        "pid 4242 (ollama)",
+        "Docker has no nvidia runtime",
+        f"{MODEL_PARENT} (holds {MODEL_DIR}) has 64.00 MB free",
+        "CPU architecture is x86_64, expected aarch64",
+        "fabric interface(s) enp1s0f0np0 not present",
+    ):
+        assert fragment in text, f"{fragment!r} missing from:\n{text}"
+    # Every finding names its fix.
+    assert text.count("fix: ") == 11
+    # The failure message is the same table, so a CI log shows it without the debug output.
+    assert "spark-1  FATAL  disk" in result.failure_messages()
+
+
+def test_preflight_gpu_missing_driver_and_count(sim_inventory, knobs):
+    knobs("spark-0", {"gpu": {"installed": False}})
+    knobs("spark-1", {"gpu": {"count": 2}})
+    result = run_playbook(PLAYBOOK, sim_inventory, check=True)
+    assert result.rc != 0
+    assert findings(result) == {("spark-0", "FATAL", "gpu"), ("spark-1", "FATAL", "gpu-count")}
+    assert "nvidia-smi is not installed" in summary(result)
+    assert "nvidia-smi lists 2 GPU(s), expected 1" in summary(result)
+
+
+# Checkpoint 48 MiB, headroom 8 MiB: an empty 64 MiB filesystem has room (56 MiB needed); a complete or a
+# half checkpoint on it leaves less free space than the checkpoint's size, yet needs nothing / the other half.
+DISK_VARS = {"preflight_checkpoint_bytes": 48 * MIB, "preflight_disk_headroom_bytes": 8 * MIB}
+
+
+@pytest.mark.parametrize(
+    ("size_mib", "present_mib", "ok"),
+    [
+        (64, 0, True),  # 56 MiB needed, 64 free
+        (64, 48, True),  # complete: nothing needed, 16 free
+        (64, 24, True),  # half: 24 + 8 needed, 40 free
+        (32, 0, False),  # 56 needed, 32 free
+        (32, 24, False),  # half: 24 + 8 needed, 8 free
+    ],
+    ids=["empty-fits", "complete-needs-nothing", "half-needs-other-half", "empty-too-small", "half-too-small"],
+)
+def test_preflight_disk_counts_bytes_already_present(sim_inventory, small_fs, size_mib, present_mib, ok):
+    small_fs("spark-1", size_mib, present_mib)
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars=DISK_VARS)
+    if ok:
+        assert result.rc == 0, summary(result)
+        assert findings(result) == set()
+    else:
+        assert result.rc != 0
+        assert findings(result) == {("spark-1", "FATAL", "disk")}
+        missing = 48 - present_mib
+        assert f"{missing:.2f} MB of the 48.00 MB checkpoint still missing, plus 8.00 MB headroom" in summary(result)
