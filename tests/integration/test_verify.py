@@ -1,0 +1,197 @@
+"""playbooks/verify.yml against stand-in servers on 127.0.0.1 (no node needed).
+
+The bad behaviours come from the sglang_server role's stand-in server
+(tests/standins/lib/sglang_server.py) started with the flags that cause them
+(no reasoning parser, tool-call parser glm, an API key); the server.yml guard
+rails refuse those flags, so they cannot be deployed onto nodes. U+FFFD and
+malformed tool arguments, which that stand-in does not produce, come from the
+responder in tests/standins/lib/sglang_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.lib.playbook import REPO, run_playbook
+
+SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
+FAULTS = REPO / "tests" / "standins" / "lib" / "sglang_faults.py"
+LOOPBACK = "127.0.0.1"
+API_KEY = "sk-VerifyPlant3dKey0123456789"  # noqa: S105 - planted on purpose
+SEED_FLAGS = ["--trust-remote-code", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
+              "--dsa-decode-backend", "tilelang", "--moe-runner-backend", "flashinfer_cutlass", "--kv-cache-dtype",
+              "bfloat16", "--disable-shared-experts-fusion", "--mem-fraction-static", "0.84", "--context-length", "65536",
+              "--max-running-requests", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(port, proc, headers=None, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"stand-in exited {proc.returncode}: {proc.stdout.read()[-2000:]}")
+        try:
+            req = urllib.request.Request(f"http://{LOOPBACK}:{port}/v1/models", headers=headers or {})
+            with urllib.request.urlopen(req, timeout=2):  # noqa: S310 - loopback only
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("stand-in did not answer")
+
+
+@pytest.fixture
+def serve(tmp_path):
+    procs = []
+    model = tmp_path / "models" / "glm53"
+    model.mkdir(parents=True)
+    (model / "processor_config.json").write_text("{}")
+    root = tmp_path / "root"
+    (root / "etc/spark-sim").mkdir(parents=True)
+    (root / "etc/spark-sim/node.json").write_text("{}")
+
+    def start(kind="server", flags=(), mode="good", api_key=""):
+        port = free_port()
+        if kind == "server":
+            cmd = [sys.executable, str(SERVER), "--model-path", str(model), "--tp-size", "1", "--host", LOOPBACK,
+                   "--port", str(port), *SEED_FLAGS, *flags]
+            if api_key:
+                cmd += ["--api-key", api_key]
+        else:
+            cmd = [sys.executable, str(FAULTS), "serve", "--host", LOOPBACK, "--port", str(port), "--mode", mode,
+                   "--model", str(model)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={"SPARK_SIM_ROOT": str(root), "PATH": "/usr/bin:/bin",
+                                     # what docker run --gpus all gives the container
+                                     "NVIDIA_VISIBLE_DEVICES": "all"})
+        procs.append(proc)
+        wait_for(port, proc)
+        return port
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def local_inventory(tmp_path):
+    inv = tmp_path / "inventory.json"
+    inv.write_text(json.dumps({
+        "spark": {
+            "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+            "children": {
+                "spark_head": {"hosts": {"spark-0": {"ansible_host": LOOPBACK, "spark_fabric_ip": LOOPBACK}}},
+                "spark_workers": {"hosts": {"spark-1": {"ansible_host": LOOPBACK, "spark_fabric_ip": LOOPBACK}}},
+            },
+        }
+    }))
+    return inv
+
+
+def verify(inventory, port, tmp_path, **extravars):
+    report = tmp_path / "report.json"
+    result = run_playbook("playbooks/verify.yml", inventory, extravars={
+        "sglang_verify_port": port, "sglang_verify_report_path": str(report), **extravars})
+    assert report.exists(), result.stdout[-3000:]
+    return result, json.loads(report.read_text())
+
+
+def checks(report):
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_a_good_server_passes_every_check(serve, local_inventory, tmp_path):
+    port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"])
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert report["ok"] is True
+    assert all(c["ok"] for c in report["checks"]), report["checks"]
+    table = "\n".join(result.results("Show the verification table")["spark-0"]["msg"])
+    for name in ("models", "reasoning", "tool_call", "sanity"):
+        assert f"{name}" in table
+    assert table.count("PASS") == 4
+    assert report["exchanges"]["reasoning"]["body"]["choices"][0]["message"]["content"] == "391"
+
+
+def test_missing_reasoning_parser_is_diagnosed(serve, local_inventory, tmp_path):
+    port = serve(flags=["--tool-call-parser", "glm47"])
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    c = checks(report)
+    assert not c["reasoning"]["ok"]
+    assert "reasoning parser is not active" in c["reasoning"]["diagnosis"]
+    assert "glm45" in c["reasoning"]["remedy"]
+    assert c["tool_call"]["ok"] and c["models"]["ok"]
+    assert "Verification of" in result.failure_messages() and "reasoning" in result.failure_messages()
+
+
+def test_tool_call_parser_glm_is_diagnosed(serve, local_inventory, tmp_path):
+    port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm"])
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    c = checks(report)
+    assert not c["tool_call"]["ok"]
+    assert "fingerprint of --tool-call-parser glm " in c["tool_call"]["diagnosis"]
+    assert "glm47" in c["tool_call"]["remedy"]
+    assert c["reasoning"]["ok"]
+
+
+def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
+    port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"], api_key=API_KEY)
+    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert report["ok"] is True and report["api_key_sent"] is True
+    assert API_KEY not in result.stdout
+    assert API_KEY not in (tmp_path / "report.json").read_text()
+    assert API_KEY not in json.dumps(result.events)
+
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    assert not checks(report)["models"]["ok"]
+    assert "sglang_server_api_key" in checks(report)["models"]["remedy"]
+
+
+@pytest.mark.parametrize("case", [
+    ("fffd", "sanity", "corruption symptom"),
+    ("bad-tool-args", "tool_call", "not valid JSON"),
+    ("wrong-answer", "reasoning", "garbage"),
+], ids=lambda case: case[0])
+def test_corrupted_output_is_diagnosed(serve, local_inventory, tmp_path, case):
+    mode, failing, phrase = case
+    port = serve(kind="faults", mode=mode)
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    c = checks(report)
+    assert not c[failing]["ok"]
+    assert phrase in c[failing]["diagnosis"]
+
+
+def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):
+    result, report = verify(local_inventory, free_port(), tmp_path)
+    assert result.rc != 0
+    assert "not reachable" in checks(report)["models"]["diagnosis"]
+
+
+def test_default_report_path_is_timestamped_under_the_report_dir(serve, local_inventory, tmp_path):
+    port = serve(kind="faults")
+    result = run_playbook("playbooks/verify.yml", local_inventory, extravars={
+        "sglang_verify_port": port, "sglang_verify_report_dir": str(tmp_path / "reports")})
+    assert result.rc == 0, result.stdout[-3000:]
+    reports = list(Path(tmp_path / "reports").glob("verify-*.json"))
+    assert len(reports) == 1 and json.loads(reports[0].read_text())["ok"] is True
