@@ -1,0 +1,271 @@
+"""The fabric role on the simulated nodes: refusals before any change, from scratch to a proven link, idempotence.
+
+The nodes' fabric port starts at MTU 1500 without an address. Observations go
+over SSH (the harness key, or testinfra with the inventory), never nsenter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import testinfra
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import run_playbook
+
+PLAYBOOK = "playbooks/fabric.yml"
+IFACE = "enp1s0f1np1"
+NETPLAN = "/etc/netplan/40-cx7.yaml"
+KEY = "/root/.ssh/id_spark_fabric"
+APPLY_TASK = "Apply the netplan configuration"
+FACTS_TASK = "Publish the node's fabric facts for the server"
+
+
+def messages(result) -> str:
+    """Every failure message, including those of individual loop items."""
+    out = []
+    for d in result.failed:
+        res = d.get("res", {})
+        out.append(str(res.get("msg", "")))
+        out.extend(str(r["msg"]) for r in res.get("results", []) if r.get("msg"))
+    return "\n".join(out)
+
+
+def reset_fabric(cluster) -> None:
+    """Back to a node as delivered: no fabric file, no address, MTU 1500, no fabric key or pins."""
+    for n in cluster.nodes:
+        sim.ssh(n, f"rm -f {NETPLAN} {KEY} {KEY}.pub && netplan apply && ip addr flush dev {IFACE} "
+                   f"&& ip link set {IFACE} mtu 1500 && sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys "
+                   "&& rm -f /root/.ssh/known_hosts && (nft flush ruleset || true)")
+
+
+@pytest.fixture
+def fresh(sim_cluster):
+    """Nodes without any fabric configuration, whatever ran before."""
+    reset_fabric(sim_cluster)
+    return sim_cluster
+
+
+@pytest.fixture
+def configured(sim_cluster, sim_inventory):
+    """Nodes with the fabric configured (a no-op run when an earlier test left them so)."""
+    result = run_playbook(PLAYBOOK, sim_inventory)
+    assert result.rc == 0, result.failure_messages()
+    return sim_cluster
+
+
+def untouched(cluster) -> None:
+    for n in cluster.nodes:
+        assert sim.ssh(n, f"test -e {NETPLAN} && echo present || echo absent").strip() == "absent"
+        assert "mtu 1500" in sim.ssh(n, f"ip link show {IFACE}")
+        assert "inet " not in sim.ssh(n, f"ip -4 addr show dev {IFACE}")
+
+
+def inventory_variant(sim_cluster, tmp_path, edit) -> Path:
+    """A copy of the harness inventory with `edit(inventory_dict)` applied."""
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    data = json.loads((sim_cluster.inventory / "hosts.json").read_text())
+    edit(data["spark"])
+    (inv / "hosts.json").write_text(json.dumps(data))
+    (inv / "group_vars").symlink_to((sim_cluster.inventory / "group_vars").resolve())
+    return inv
+
+
+def assert_refused(result, cluster, *fragments, by="Check "):
+    assert result.rc != 0
+    assert result.failed, "the run did not fail"
+    assert result.changed_before_first_failure() == [], "something changed before the refusal"
+    assert result.changed == []
+    assert all(d["task"].startswith(by) for d in result.failed), [d["task"] for d in result.failed]
+    message = messages(result)
+    for fragment in fragments + (("Fix:",) if by == "Check " else ()):
+        assert fragment in message, f"{fragment!r} missing from:\n{message}"
+    untouched(cluster)
+
+
+def test_refuses_duplicate_fabric_addresses(fresh, sim_inventory):
+    dup = fresh.nodes[0].fabric_ip
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"spark_fabric_ip": dup})
+    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1")
+
+
+def test_refuses_address_off_the_common_subnet(fresh, sim_inventory, tmp_path):
+    def edit(spark):
+        spark["children"]["spark_workers"]["hosts"]["spark-1"]["spark_fabric_ip"] = "10.233.77.11"
+
+    result = run_playbook(PLAYBOOK, inventory_variant(fresh, tmp_path, edit))
+    assert_refused(result, fresh, "shares no subnet with", "spark-1 (10.233.77.11/24)")
+
+
+@pytest.mark.parametrize("heads", [[], ["spark-0", "spark-1"]], ids=["no-head", "two-heads"])
+def test_refuses_anything_but_one_head(fresh, sim_inventory, tmp_path, heads):
+    def edit(spark):
+        hosts = {**spark["children"]["spark_head"]["hosts"], **spark["children"]["spark_workers"]["hosts"]}
+        spark["children"]["spark_head"]["hosts"] = {h: hosts[h] for h in heads}
+        spark["children"]["spark_workers"]["hosts"] = {h: v for h, v in hosts.items() if h not in heads}
+
+    result = run_playbook(PLAYBOOK, inventory_variant(fresh, tmp_path, edit))
+    assert_refused(result, fresh, f"Group spark_head (fabric_head_group) holds {len(heads)} host(s)")
+
+
+def test_refuses_missing_interface(fresh, sim_inventory):
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"spark_fabric_interface": "enp1s0f0np0"})
+    assert_refused(result, fresh, "fabric_interface (spark_fabric_interface) is enp1s0f0np0", f"it has {IFACE}, enP7s7, lo")
+
+
+@pytest.mark.parametrize("mtu", [9300, 1000])
+def test_refuses_mtu_out_of_range(fresh, sim_inventory, mtu):
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_mtu": mtu})
+    assert_refused(result, fresh, f"fabric_mtu is {mtu}", "1500 to 9216")
+
+
+def test_refuses_mtu_that_is_no_number(fresh, sim_inventory):
+    # The argument spec (type int) refuses it even earlier, before the role's first task.
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_mtu": "jumbo"})
+    assert_refused(result, fresh, "fabric_mtu", "jumbo", by="Validating arguments")
+
+
+def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
+    untouched(fresh)
+    check = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
+    assert check.rc == 0, check.failure_messages()
+    assert {d["host"] for d in check.changed if d["task"] == "Write the fabric netplan file"} == {"spark-0", "spark-1"}
+    untouched(fresh)
+
+    first = run_playbook(PLAYBOOK, sim_inventory)
+    assert first.rc == 0, first.failure_messages() or first.stdout[-4000:]
+    applied = first.results(APPLY_TASK)
+    assert set(applied) == {"spark-0", "spark-1"} and all(r.get("changed") for r in applied.values())
+    # The bandwidth proof really ran (the test site sets a floor).
+    assert first.results("Check the bandwidth against the minimum")["spark-0"].get("skipped") is not True
+    for host, res in first.results(FACTS_TASK).items():
+        facts = res["ansible_facts"]
+        ip = next(n.fabric_ip for n in fresh.nodes if n.name == host)
+        assert facts["fabric_socket_ifname"] == IFACE
+        assert facts["fabric_host_ip"] == ip
+        assert facts["fabric_ib_hcas"] == []  # no /sys/class/infiniband in the simulation
+        assert facts["fabric_env"] == {"NCCL_SOCKET_IFNAME": IFACE, "GLOO_SOCKET_IFNAME": IFACE,
+                                       "TP_SOCKET_IFNAME": IFACE, "SGLANG_HOST_IP": ip}
+
+    second = run_playbook(PLAYBOOK, sim_inventory)
+    assert second.rc == 0, second.failure_messages()
+    assert second.changed == []
+    assert second.results(APPLY_TASK) == {}
+
+    again = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
+    assert again.rc == 0, again.failure_messages()
+    assert again.changed == []
+
+
+@pytest.fixture
+def hosts(configured, sim_inventory):
+    """testinfra hosts through the inventory (ansible backend)."""
+    venv_bin = str(Path(sys.executable).parent)
+    old_path = os.environ.get("PATH", "")
+    if shutil.which("ansible-inventory") is None:
+        os.environ["PATH"] = f"{venv_bin}:{old_path}"
+    yield {n.name: testinfra.get_host(f"ansible://{n.name}?ansible_inventory={sim_inventory}") for n in configured.nodes}
+    os.environ["PATH"] = old_path
+
+
+def test_testinfra_netplan_file_mtu_and_address(configured, hosts):
+    for n in configured.nodes:
+        host = hosts[n.name]
+        f = host.file(NETPLAN)
+        assert f.exists and f.user == "root" and f.mode == 0o600
+        assert f.content_string.startswith("#\n# Ansible managed")
+        assert f"name: {IFACE}" in f.content_string
+        assert f"- {n.fabric_ip}/24" in f.content_string
+        assert "mtu: 9000" in f.content_string
+        link = json.loads(host.check_output(f"ip -j addr show dev {IFACE}"))[0]
+        assert link["mtu"] == 9000
+        assert [(a["local"], a["prefixlen"]) for a in link["addr_info"] if a["family"] == "inet"] == [(n.fabric_ip, 24)]
+
+
+def test_testinfra_ssh_trust_head_to_worker(configured, hosts):
+    head, *workers = configured.nodes
+    h = hosts[head.name]
+    assert h.file(KEY).mode == 0o600
+    for w in workers:
+        out = h.run(f"ssh -i {KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes "
+                    f"-o ConnectTimeout=5 root@{w.fabric_ip} 'echo $SSH_CONNECTION'")
+        assert out.rc == 0, out.stderr
+        # The session came in over the fabric, from the head's fabric address.
+        assert out.stdout.split()[0] == head.fabric_ip and out.stdout.split()[2] == w.fabric_ip
+        auth = hosts[w.name].file("/root/.ssh/authorized_keys").content_string
+        line = next(x for x in auth.splitlines() if "spark-fabric@" in x)
+        assert line.startswith(f'from="{head.fabric_ip}",restrict ssh-ed25519 ')
+        # The key works only from the head's fabric address: the management address is turned away.
+        # (ssh's own 255 would read as a transport error to testinfra: report it in the output instead.)
+        out = h.run(f"ssh -i {KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=no "
+                    f"-o UserKnownHostsFile=/dev/null -o ConnectTimeout=5 root@{w.mgmt_ip} true 2>&1; echo exit=$?")
+        assert "Permission denied (publickey" in out.stdout and out.stdout.strip().endswith("exit=255"), out.stdout
+        # Pinned, not trusted on first use: an unknown address is refused under strict checking.
+        assert w.fabric_ip in h.file("/root/.ssh/known_hosts").content_string
+
+
+def test_proof_names_an_mtu_mismatch(configured, sim_inventory):
+    worker = configured.nodes[1]
+    sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc != 0
+        assert result.changed == []
+        message = messages(result)
+        assert "MTU 1500 (want 9000)" in message  # the worker sees its own port
+        assert "answers small pings but not 8972-byte ones" in message and "MTU mismatch" in message  # the head sees the peer
+    finally:
+        sim.ssh(worker, f"ip link set {IFACE} mtu 9000")
+
+
+def test_proof_names_the_same_subnet_on_two_interfaces(configured, sim_inventory):
+    worker = configured.nodes[1]
+    twin = configured.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".100"  # .0/25 holds both nodes
+    # A second, more specific route for the fabric subnet on the management port: the classic TP=2 hang.
+    sim.ssh(worker, f"ip addr add {twin}/25 dev enP7s7")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_ssh_trust": False})
+        assert result.rc != 0
+        message = messages(result)
+        assert "leaves via enP7s7" in message and "same subnet on two interfaces" in message, message
+    finally:
+        sim.ssh(worker, f"ip addr del {twin}/25 dev enP7s7")
+
+
+def test_active_nftables_firewall_opens_only_the_fabric_to_peers(configured, sim_inventory):
+    ruleset = (
+        "table inet filter { chain input { type filter hook input priority 0; policy drop; "
+        "ct state established,related accept; iifname lo accept; iifname enP7s7 tcp dport 22 accept; }; }"
+    )
+    for n in configured.nodes:
+        sim.ssh(n, f"nft '{ruleset}'")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc == 0, result.failure_messages()
+        for n in configured.nodes:
+            peer = next(p for p in configured.nodes if p is not n).fabric_ip
+            rules = sim.ssh(n, "nft list chain inet filter input")
+            assert f'iifname "{IFACE}" ip saddr {peer} counter' in rules and f'comment "spark-fabric from {peer}"' in rules
+            assert rules.count("spark-fabric") == 1
+        again = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+        assert again.rc == 0 and again.changed == []
+    finally:
+        for n in configured.nodes:
+            sim.ssh(n, "nft flush ruleset")
+
+
+def test_no_active_firewall_is_left_alone(configured, sim_inventory):
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+    assert result.rc == 0, result.failure_messages()
+    assert result.changed == []
+    inserted = result.results("Accept the peers' fabric addresses on the fabric interface in nftables")
+    assert set(inserted) == {"spark-0", "spark-1"}
+    assert all(not r.get("results") for r in inserted.values())
+    for n in configured.nodes:
+        assert sim.ssh(n, "nft list ruleset").strip() == ""
