@@ -149,6 +149,8 @@ class HubEmulator:
         self.faults: dict[str, dict] = {}
         self.stale: dict[str, str] = {}
         self.tokens_seen: set[str] = set()
+        # Addresses requests came from, so a test can tell which node talked to the hub.
+        self.clients: set[str] = set()
         emulator = self
 
         class Handler(_Handler):
@@ -183,6 +185,7 @@ class HubEmulator:
         with self.lock:
             self.bytes_served.clear()
             self.requests.clear()
+            self.clients.clear()
 
     def served(self) -> dict[str, int]:
         with self.lock:
@@ -246,6 +249,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(split.query)
         with self.hub.lock:
             self.hub.requests.append((self.command, path, self.headers.get("Range")))
+            self.hub.clients.add(self.client_address[0])
         if path == "/_emulator/stats":
             return self.send_json(200, {"bytes_served": self.hub.served()})
         if path.startswith("/api/models/"):
