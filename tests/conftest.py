@@ -18,12 +18,13 @@ def sim_cluster(request):
     """A booted two-node simulated Spark cluster for the whole session.
 
     SPARK_SIM_INSTANCE names it (default `pytest`), so parallel runs on one
-    machine do not collide.
+    machine do not collide. The local hub emulator serves the synthetic
+    checkpoint on the bridge; the inventory points the checkpoint role at it.
     """
     if os.geteuid() != 0:
         pytest.fail("the simulated nodes need root (network namespaces, systemd-nspawn)")
     instance = os.environ.get("SPARK_SIM_INSTANCE", "pytest")
-    c = sim.up(instance, 2)
+    c = sim.up(instance, 2, hub=True)
     yield c
     if not request.config.getoption("--keep-nodes"):
         sim.down(instance)

@@ -63,6 +63,9 @@ class Cluster:
     fabric_subnet: str
     switch_netns: str | None
     nodes: list[Node] = field(default_factory=list)
+    hub_pid: int = 0
+    hub_url: str = ""
+    hub_revision: str = ""
 
     @property
     def state_dir(self) -> Path:
@@ -127,7 +130,7 @@ def _lock():
     return f
 
 
-def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None) -> Cluster:
+def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None, hub: bool = False) -> Cluster:
     if not NAME_RE.match(instance):
         raise SystemExit(f"harness: instance name {instance!r} must match {NAME_RE.pattern}")
     if nodes < 2:
@@ -170,6 +173,8 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
                 cluster.save()
             for node in cluster.nodes:
                 _wait_ready(node)
+            if hub:
+                _start_hub(cluster)
             _write_inventory(cluster)
         except BaseException:
             log("bring-up failed; tearing down what was created")
@@ -213,6 +218,38 @@ def _network_up(c: Cluster) -> None:
             run(["ip", "link", "add", FABRIC_IFACE, "netns", n.netns, "type", "veth", "peer", "name", port, "netns", sw])
             run(["ip", "-n", sw, "link", "set", port, "mtu", "9000", "master", "fabric", "up"])
             run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "up"])
+
+
+HUB_PORT = 8080
+
+
+def _start_hub(c: Cluster) -> None:
+    """The local hub emulator on the bridge address, serving the synthetic checkpoint."""
+    import sys  # noqa: PLC0415 - only the hub needs the interpreter path
+
+    sys.path.insert(0, str(STANDINS))
+    import hub_emulator  # noqa: PLC0415 - a test stand-in, imported from its folder
+
+    root = CACHE_ROOT / "hub"
+    info = hub_emulator.build_checkpoint(root)
+    logf = open(c.state_dir / "hub.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDINS / "hub_emulator.py"), "--root", str(root),
+         "--bind", c.bridge_ip, "--port", str(HUB_PORT)],
+        stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    c.hub_pid, c.hub_url, c.hub_revision = proc.pid, f"http://{c.bridge_ip}:{HUB_PORT}", info["new"]
+    c.save()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((c.bridge_ip, HUB_PORT), timeout=1):
+                return
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    raise RuntimeError(f"harness: hub emulator did not start; see {c.state_dir / 'hub.log'}")
 
 
 def _prepare_node(c: Cluster, n: Node, rootfs: Path, wheels: Path, knobs: dict) -> None:
@@ -380,6 +417,14 @@ def _write_inventory(c: Cluster) -> None:
                 "spark_fabric_interface": FABRIC_IFACE,
                 "spark_fabric_prefix": ipaddress.ip_network(c.fabric_subnet).prefixlen,
                 "spark_sim_controller_ip": c.bridge_ip,
+                **(
+                    {
+                        "checkpoint_hf_endpoint": c.hub_url,
+                        "checkpoint_revision": c.hub_revision,
+                    }
+                    if c.hub_url
+                    else {}
+                ),
             },
             "children": {
                 "spark_head": {"hosts": {head.name: host(head)}},
@@ -388,10 +433,13 @@ def _write_inventory(c: Cluster) -> None:
         }
     }
     (inv / "hosts.json").write_text(json.dumps(inventory, indent=2) + "\n")
+    # The test site's settings (tests/inventory/group_vars), file by file, so
+    # that the harness can add what only it knows beside them.
     if TEST_GROUP_VARS.exists():
-        (inv / "group_vars").symlink_to(TEST_GROUP_VARS)
-
-
+        for src in TEST_GROUP_VARS.rglob("*.yml"):
+            dest = inv / "group_vars" / src.relative_to(TEST_GROUP_VARS)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.symlink_to(src)
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -416,6 +464,8 @@ def down(instance: str = "sim") -> None:
 
 
 def _down(c: Cluster) -> None:
+    if c.hub_pid and _alive(c.hub_pid):
+        os.kill(c.hub_pid, signal.SIGTERM)
     for n in c.nodes:
         if n.pid and _alive(n.pid):
             # nspawn turns SIGTERM into an orderly poweroff of the node.
