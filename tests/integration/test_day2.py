@@ -1,0 +1,133 @@
+"""Day-2 verbs on a TP=2 group deployed by playbooks/server.yml on simulated nodes.
+
+The stand-ins (docker CLI, SGLang server) run the real unit; the playbooks
+reach the nodes over SSH like on DGX OS. The tests run in file order on one
+deployment: status, doctor, verify, restart, a refused --limit restart, stop.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import run_playbook
+
+pytestmark = pytest.mark.slow
+
+# The server role's readiness runs in rounds up to this many seconds; the
+# stand-in group is up in about two minutes.
+READINESS = 300
+UNIT = "sglang.service"
+
+
+def sh(node, command):
+    return sim.ssh(node, command, timeout=120)
+
+
+def unit_times(node):
+    """(stopped at, started at, state) of the unit in microseconds since the epoch (one clock: same kernel)."""
+    out = sh(node, f"systemctl show {UNIT} -p InactiveEnterTimestampMonotonic,ActiveEnterTimestampMonotonic,ActiveState")
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return int(props["InactiveEnterTimestampMonotonic"]), int(props["ActiveEnterTimestampMonotonic"]), props["ActiveState"]
+
+
+@pytest.fixture(scope="module")
+def deployed(sim_cluster):
+    for n in sim_cluster.nodes:
+        # What checkpoint.yml and fabric.yml leave behind, in the smallest form the stand-in server accepts.
+        sh(n, "mkdir -p /opt/models/glm53 && echo '{}' > /opt/models/glm53/processor_config.json "
+              "&& echo '{}' > /opt/models/glm53/config.json "
+              f"&& (ip -o addr show dev enp1s0f1np1 | grep -q ' {n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
+    result = run_playbook("playbooks/server.yml", sim_cluster.inventory,
+                          extravars={"sglang_server_readiness_timeout": READINESS})
+    assert result.rc == 0, result.stdout[-4000:]
+    yield sim_cluster
+    # Leave the nodes as other test modules expect them: no sglang unit installed.
+    for n in sim_cluster.nodes:
+        sim.ssh(n, f"systemctl stop {UNIT}; rm -f /etc/systemd/system/{UNIT}; rm -rf /etc/sglang; "
+                   f"systemctl daemon-reload; systemctl reset-failed {UNIT}; true", check=False)
+
+
+def test_status_has_one_line_per_node(deployed):
+    result = run_playbook("playbooks/status.yml", deployed.inventory)
+    assert result.rc == 0, result.stdout[-3000:]
+    lines = {h: r["msg"] for h, r in result.results("Show one line per node").items()}
+    assert set(lines) == {"spark-0", "spark-1"}
+    head, worker = lines["spark-0"], lines["spark-1"]
+    assert head.startswith("spark-0 head: unit active/running;")
+    assert "image lmsysorg/sglang:glm-5.3-flash-arm64 (" in head
+    assert "endpoint healthy, serves /models/glm53" in head
+    assert worker.startswith("spark-1 worker: unit active/running;") and "endpoint n/a (worker)" in worker
+    assert not result.changed
+
+
+def test_verify_passes_on_the_deployed_group(deployed, tmp_path):
+    report = tmp_path / "verify.json"
+    result = run_playbook("playbooks/verify.yml", deployed.inventory, extravars={"sglang_verify_report_path": str(report)})
+    assert result.rc == 0, result.stdout[-3000:]
+    data = json.loads(report.read_text())
+    assert data["ok"] and [c["name"] for c in data["checks"]] == ["models", "reasoning", "tool_call", "sanity"]
+    assert data["endpoint"] == f"http://{deployed.nodes[0].mgmt_ip}:30000"
+
+
+def test_doctor_reads_the_flags_from_the_running_unit(deployed, tmp_path):
+    result = run_playbook("playbooks/doctor.yml", deployed.inventory, extravars={"sglang_doctor_bundle_dir": str(tmp_path)})
+    assert result.rc == 0, result.stdout[-3000:]
+    (bundle,) = tmp_path.glob("doctor-*.tar.gz")
+    with tarfile.open(bundle) as tar:
+        flags = json.loads(tar.extractfile(f"{bundle.name[:-7]}/spark-0/flags.json").read())
+        found = json.loads(tar.extractfile(f"{bundle.name[:-7]}/spark-0/findings.json").read())
+        args = json.loads(tar.extractfile(f"{bundle.name[:-7]}/spark-1/server-args.json").read())
+    assert flags["source"] == "unit"
+    assert flags["flags"]["max-running-requests"] == "2" and flags["flags"]["context-length"] == "65536"
+    assert args[args.index("--node-rank") + 1] == "1"
+    # A healthy group: no log fingerprint (fabric probes may still speak: the sim's link has MTU 1500).
+    log_ids = {"hybrid_state_cache", "tilelang_shared_memory", "processor_config_missing", "distributed_timeout",
+               "init_hang", "out_of_memory", "download_at_boot", "unit_missing", "env_host_ip", "env_ifname", "env_offline"}
+    assert log_ids & {f["id"] for f in found} == set(), found
+
+
+def test_restart_stops_head_first_starts_workers_first_then_verifies(deployed):
+    head, worker = deployed.nodes
+    before = unit_times(head)[1], unit_times(worker)[1]
+    result = run_playbook("playbooks/restart.yml", deployed.inventory,
+                          extravars={"sglang_server_readiness_timeout": READINESS})
+    assert result.rc == 0, result.stdout[-4000:]
+    h_stop, h_start, h_state = unit_times(head)
+    w_stop, w_start, w_state = unit_times(worker)
+    assert (h_state, w_state) == ("active", "active")
+    assert h_start > before[0] and w_start > before[1], "both ranks restarted"
+    assert h_stop < w_stop, "head stopped first"
+    assert w_start < h_start, "workers started first"
+    table = "\n".join(result.results("Show the verification table")["spark-0"]["msg"])
+    assert table.count("PASS") == 4, table
+
+
+def test_restart_with_limit_is_refused_and_changes_nothing(deployed):
+    head, worker = deployed.nodes
+    before = unit_times(head), unit_times(worker)
+    result = run_playbook("playbooks/restart.yml", deployed.inventory, limit="spark-1")
+    assert result.rc != 0
+    assert "restarts every rank together" in result.failure_messages()
+    assert "cannot mix a fresh rank with old ones" in result.failure_messages()
+    assert result.changed_before_first_failure() == []
+    assert (unit_times(head), unit_times(worker)) == before
+
+
+def test_stop_in_check_mode_changes_nothing(deployed):
+    result = run_playbook("playbooks/stop.yml", deployed.inventory, check=True)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert [unit_times(n)[2] for n in deployed.nodes] == ["active", "active"]
+
+
+def test_stop_with_limit_still_stops_every_rank_head_first(deployed):
+    result = run_playbook("playbooks/stop.yml", deployed.inventory, limit="spark-1")
+    assert result.rc == 0, result.stdout[-3000:]
+    (h_stop, _, h_state), (w_stop, _, w_state) = (unit_times(n) for n in deployed.nodes)
+    assert (h_state, w_state) == ("inactive", "inactive")
+    assert h_stop < w_stop
+    again = run_playbook("playbooks/stop.yml", deployed.inventory)
+    assert again.rc == 0 and not again.changed, "stopping a stopped group is idempotent"
