@@ -1,0 +1,130 @@
+"""The project's written rules (CONTRIBUTING.md), checked on every role and playbook."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
+PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
+COMMAND_MODULES = {"ansible.builtin.command", "ansible.builtin.shell", "ansible.builtin.raw", "ansible.builtin.script"}
+
+
+class _Loader(yaml.SafeLoader):
+    """Reads Ansible YAML, where `!unsafe` and `!vault` mark plain strings."""
+
+
+_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+_Loader.add_constructor("!vault", lambda loader, node: loader.construct_scalar(node))
+
+
+def load(path: Path):
+    return yaml.load(path.read_text(), Loader=_Loader) or {}  # noqa: S506 - SafeLoader subclass
+
+
+def tasks_in(node):
+    """Every task dict in a task list, descending into blocks."""
+    for item in node or []:
+        if not isinstance(item, dict):
+            continue
+        yield item
+        for key in ("block", "rescue", "always"):
+            yield from tasks_in(item.get(key))
+
+
+def all_task_files():
+    for role in ROLES:
+        for sub in ("tasks", "handlers"):
+            yield from sorted((role / sub).glob("*.yml"))
+    yield from PLAYBOOKS
+    yield REPO / "site.yml"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_role_has_meta_and_argument_specs(role):
+    assert (role / "meta" / "main.yml").is_file()
+    specs = load(role / "meta" / "argument_specs.yml")["argument_specs"]
+    assert "main" in specs
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_public_defaults_are_prefixed_and_documented(role):
+    defaults_file = role / "defaults" / "main.yml"
+    if not defaults_file.exists():
+        pytest.skip("no public variables")
+    defaults = load(defaults_file)
+    documented = set()
+    for entry in load(role / "meta" / "argument_specs.yml")["argument_specs"].values():
+        documented |= set((entry.get("options") or {}).keys())
+    for name in defaults:
+        assert name.startswith(role.name + "_"), f"{role.name}: {name} lacks the {role.name}_ prefix"
+        assert name in documented, f"{role.name}: {name} is not in meta/argument_specs.yml"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_internal_vars_are_double_underscore_prefixed(role):
+    vars_file = role / "vars" / "main.yml"
+    if not vars_file.exists():
+        pytest.skip("no internal variables")
+    for name in load(vars_file):
+        assert name.startswith(f"__{role.name}_"), f"{role.name}: internal {name} lacks __{role.name}_"
+
+
+def test_templates_start_with_ansible_managed():
+    templates = sorted((REPO / "roles").glob("*/templates/**/*.j2"))
+    assert templates
+    for t in templates:
+        first = t.read_text().lstrip().splitlines()[0]
+        assert first.startswith("{{ ansible_managed | comment"), t
+
+
+def test_every_command_has_changed_when_and_fqcn():
+    checked = 0
+    for path in all_task_files():
+        data = load(path)
+        plays = data if isinstance(data, list) else []
+        task_lists = []
+        if path.parent.name in ("tasks", "handlers"):
+            task_lists.append(plays)
+        else:
+            for play in plays:
+                for key in ("pre_tasks", "tasks", "post_tasks", "handlers"):
+                    task_lists.append(play.get(key))
+        for tasks in task_lists:
+            for task in tasks_in(tasks):
+                module = next((k for k in task if "." in k and not k.startswith("ansible.builtin.import_")
+                               and k not in ("ansible.builtin.include_tasks",)), None)
+                bare = [k for k in task if k in ("command", "shell", "copy", "template", "file", "service", "systemd")]
+                assert not bare, f"{path}: task {task.get('name')!r} uses a short module name {bare}"
+                if module in COMMAND_MODULES:
+                    checked += 1
+                    args = task.get(module) if isinstance(task.get(module), dict) else {}
+                    # creates/removes make the module's own changed status honest.
+                    honest = "changed_when" in task or "creates" in args or "removes" in args
+                    assert honest, f"{path}: {task.get('name')!r} has no changed_when"
+    assert checked > 0
+
+
+def test_readme_names_every_playbook_and_the_two_commands():
+    readme = (REPO / "README.md").read_text()
+    for pb in PLAYBOOKS:
+        assert f"playbooks/{pb.name}" in readme, f"README does not describe playbooks/{pb.name}"
+    assert "scripts/test" in readme and "scripts/deploy" in readme
+
+
+def test_site_imports_playbooks_that_exist():
+    site = load(REPO / "site.yml")
+    for entry in site:
+        target = entry["ansible.builtin.import_playbook"]
+        assert (REPO / target).is_file(), target
+
+
+def test_requirements_are_pinned():
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            assert re.match(r"^[A-Za-z0-9_.\-\[\]]+==[\w.]+$", line), line
