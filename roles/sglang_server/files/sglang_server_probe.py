@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""One readiness round on a node: watch this rank's unit and, on the head, /v1/models.
+"""One readiness round on a node: this rank's unit and, on the head, /v1/models.
 
 Prints one JSON object: {"unit": <systemctl is-active>, "ready": bool, "detail": str}.
 Returns early when the unit stops being active (the caller then fails every rank)
-or when the head lists the served model. The API key is read from the rank's own
-env file so it never travels on a command line.
+or when the head lists the served model; without --url (a worker) it reads the
+unit once. The API key is read from the rank's own env file so it never travels
+on a command line.
 """
 
 import argparse
@@ -48,7 +49,7 @@ def main():
     a = p.parse_args()
     key = api_key(a.env_file) if a.env_file else ""
     deadline = time.monotonic() + a.seconds
-    detail = "waiting"
+    detail = f"{a.unit} is active"
     while True:
         state = unit_state(a.unit)
         if state != "active":
