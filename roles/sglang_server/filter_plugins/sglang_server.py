@@ -10,8 +10,12 @@ operator fixing one error per 20-minute model load would never finish.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
+import hashlib
 import ipaddress
+import json
 import posixpath
 import re
 from collections.abc import Mapping
@@ -567,6 +571,86 @@ def sglang_server_plan(ctx, model, hostvars=None):
     return plan
 
 
+def _slurped_json(result, path, what, errors):
+    """Decode an ansible.builtin.slurp result holding JSON; None (with a problem noted) when unusable."""
+    result = result or {}
+    if result.get("failed") or "content" not in result:
+        reason = str(result.get("msg") or "not read").strip()
+        if "not found" in reason.lower() or "no such file" in reason.lower():
+            errors.append(f"{what} {path} does not exist")
+        else:
+            errors.append(f"{what} {path} could not be read ({reason})")
+        return None
+    try:
+        data = json.loads(base64.b64decode(result["content"]).decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
+        errors.append(f"{what} {path} is not valid JSON ({err})")
+        return None
+    if not isinstance(data, dict):
+        errors.append(f"{what} {path} is not a JSON object")
+        return None
+    return data
+
+
+def sglang_server_checkpoint_problems(stamp_result, record_result, expected):
+    """What keeps the checkpoint role's verified-stamp from vouching for the model directory.
+
+    ``stamp_result`` and ``record_result`` are ansible.builtin.slurp results;
+    ``expected`` holds ``revision`` (the pin), ``model_dir``, ``stamp_path``
+    and ``record_path``.
+
+    The checkpoint role writes the stamp only after a passing deep verification
+    and removes it after any failing one; its ``record_sha256`` is the SHA-256
+    of the record's ``files`` mapping serialised with ``json.dumps(...,
+    sort_keys=True)``. Reading both small files is enough: the 181 GiB are not
+    hashed again. Returns a list of problems, empty when the stamp vouches.
+    """
+    revision, model_dir = expected.get("revision"), expected.get("model_dir")
+    stamp_path, record_path = expected.get("stamp_path"), expected.get("record_path")
+    errors = []
+    if not isinstance(revision, str) or not re.fullmatch(r"[0-9a-f]{40}", revision):
+        errors.append(
+            f"sglang_server_checkpoint_revision = {_show(revision)} is not a pinned 40-hex commit, so no stamp can "
+            "be matched against it (set checkpoint_revision in the inventory)"
+        )
+    stamp = _slurped_json(stamp_result, stamp_path, "the verified-stamp", errors)
+    record = _slurped_json(record_result, record_path, "the checkpoint record", errors)
+    if stamp is not None:
+        if stamp.get("mode") != "deep":
+            errors.append(f"the stamp {stamp_path} records a {_show(stamp.get('mode'))} check, not a deep one")
+        if isinstance(revision, str) and stamp.get("revision") != revision:
+            errors.append(
+                f"the stamp {stamp_path} is for revision {_show(stamp.get('revision'))}, the pinned revision is "
+                f"{_show(revision)}"
+            )
+        stamped_dir = stamp.get("model_dir")
+        if not isinstance(stamped_dir, str) or posixpath.normpath(stamped_dir) != posixpath.normpath(str(model_dir)):
+            errors.append(
+                f"the stamp {stamp_path} vouches for {_show(stamped_dir)}, not for sglang_server_model_dir = "
+                f"{_show(model_dir)}"
+            )
+    if stamp is not None and record is not None:
+        files = record.get("files")
+        if not isinstance(files, dict):
+            errors.append(f"the checkpoint record {record_path} lists no files")
+        else:
+            digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+            if stamp.get("record_sha256") != digest:
+                errors.append(
+                    f"the stamp {stamp_path} was written for another record than {record_path} "
+                    "(the record changed after the last deep verification)"
+                )
+        if record.get("revision") != stamp.get("revision") or record.get("repo_id") != stamp.get("repo_id"):
+            errors.append(
+                f"the record {record_path} is of {_show(record.get('repo_id'))}@{_show(record.get('revision'))}, the "
+                f"stamp of {_show(stamp.get('repo_id'))}@{_show(stamp.get('revision'))}"
+            )
+    return errors
+
+
 class FilterModule:
     def filters(self):
-        return {"sglang_server_plan": sglang_server_plan}
+        return {
+            "sglang_server_plan": sglang_server_plan,
+            "sglang_server_checkpoint_problems": sglang_server_checkpoint_problems,
+        }
