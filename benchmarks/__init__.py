@@ -1,0 +1,1 @@
+"""Benchmarks of the deployment on the simulated Spark nodes (run with scripts/bench, not by pytest)."""
