@@ -1,0 +1,394 @@
+"""The server playbook on the simulated nodes: units, flags, coordinated restarts, refusals, failures.
+
+One converged cluster serves the whole module (fabric, checkpoint, server once); every test that
+breaks something puts it back in a `finally`, so the tests may run alone or in any order. The
+nodes are observed over SSH only: the unit and env files, the argv of the docker stand-in
+process that the unit started (what a real docker would have received), systemd's own
+timestamps, the journal. The expected launch arguments are written out here from
+deployment-facts.md, not read from the role's flag model: a comparison of the model with
+itself could not fail.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import REPO, run_playbook
+
+SERVER = "playbooks/server.yml"
+UNIT = "sglang.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+ENV_PATH = "/etc/sglang/sglang.env"
+MODEL_DIR = "/opt/models/glm53"
+STAMP = "/opt/models/glm53.verified"
+IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
+IMAGES_JSON = "/var/lib/spark-sim/docker/images.json"
+
+PROBE = "Probe the units, and the head's /v1/models for up to a round"
+PLAN = "Refuse invalid SGLang server settings before any change"
+STAMP_CHECK = "Refuse to start on a checkpoint that is not verified at the pinned revision"
+ARCH_CHECK = "Refuse an image that is missing or not linux/arm64"
+SAME_IMAGE = "Refuse ranks that would run different images"
+JOURNALS = "Show the last journal lines of every rank"
+GIVE_UP = "Fail with a summary"
+
+# deployment-facts.md, "The field-tested launch command" (--model-path is the container path of
+# the mounted directory), then the multi-node flags, in the unit's order.
+SEED = [
+    ("--trust-remote-code", None),
+    ("--attention-backend", "dsa"),
+    ("--dsa-prefill-backend", "tilelang"),
+    ("--dsa-decode-backend", "tilelang"),
+    ("--moe-runner-backend", "flashinfer_cutlass"),
+    ("--kv-cache-dtype", "bfloat16"),
+    ("--disable-shared-experts-fusion", None),
+    ("--reasoning-parser", "glm45"),
+    ("--tool-call-parser", "glm47"),
+    ("--mem-fraction-static", "0.84"),
+    ("--context-length", "65536"),
+    ("--max-running-requests", "2"),
+]
+
+
+def expected_args(rank: int, head_fabric_ip: str, **values: str) -> list[str]:
+    pairs = [("--model-path", "/models/glm53")] + SEED[:1] + [("--tp-size", "2")] + SEED[1:] + [
+        ("--nnodes", "2"),
+        ("--node-rank", str(rank)),
+        ("--dist-init-addr", f"{head_fabric_ip}:20000"),
+        ("--host", "0.0.0.0"),  # noqa: S104 - the role's default bind address, compared, not bound
+        ("--port", "30000"),
+    ]
+    out = []
+    for flag, default in pairs:
+        value = values.get(flag, default)
+        out += [flag] if value is None else [flag, value]
+    return out
+
+
+def as_pairs(args: list[str]) -> list[tuple[str, str | None]]:
+    """['--a', 'x', '--b'] -> [('--a', 'x'), ('--b', None)], to compare flag by flag."""
+    pairs: list[tuple[str, str | None]] = []
+    for token in args:
+        if token.startswith("--"):
+            pairs.append((token, None))
+        else:
+            assert pairs and pairs[-1][1] is None, f"value {token!r} without a flag in {args}"
+            pairs[-1] = (pairs[-1][0], token)
+    return pairs
+
+
+# --- observing the nodes --------------------------------------------------------------------
+
+
+def ssh(node, command: str, check: bool = True) -> str:
+    return sim.ssh(node, command, check=check)
+
+
+def put(node, path: str, text: str) -> None:
+    subprocess.run([*sim.ssh_base(node), f"cat > {path}.new && mv {path}.new {path}"],
+                   input=text.encode(), check=True, timeout=60)
+
+
+def unit_state(node) -> dict[str, str]:
+    out = ssh(node, f"systemctl show {UNIT} -p ActiveState -p SubState -p ActiveEnterTimestampMonotonic "
+                    "-p UnitFileState -p ExecMainPID")
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def started_at(node) -> int:
+    """CLOCK_MONOTONIC of the unit's last activation; the nodes share the host kernel's clock."""
+    return int(unit_state(node)["ActiveEnterTimestampMonotonic"])
+
+
+def docker_run_argv(node) -> list[str]:
+    """argv of the `docker run` the unit's main process is (the docker stand-in, a Python script)."""
+    pid = unit_state(node)["ExecMainPID"]
+    assert pid != "0", f"{node.name}: {UNIT} has no main process"
+    raw = ssh(node, f"tr '\\0' '\\n' < /proc/{pid}/cmdline")
+    argv = raw.split("\n")[:-1]
+    assert "run" in argv, argv
+    return argv[argv.index("run"):]
+
+
+def server_args(node) -> list[str]:
+    argv = docker_run_argv(node)
+    return argv[argv.index("sglang.launch_server") + 1:]
+
+
+def sglang_processes(node) -> str:
+    # The brackets keep the pattern from matching the shell that runs pgrep.
+    return ssh(node, "pgrep -af '[s]glang|[d]ocker run' || true").strip()
+
+
+def models(cluster) -> list[str]:
+    head = cluster.nodes[0]
+    with urllib.request.urlopen(f"http://{head.mgmt_ip}:30000/v1/models", timeout=10) as resp:  # noqa: S310
+        return [m["id"] for m in json.loads(resp.read())["data"]]
+
+
+def changed_tasks(result) -> list[str]:
+    return [f"{d['host']}: {d['task']}" for d in result.changed]
+
+
+def failed_at(result) -> set[str]:
+    return {d["task"] for d in result.failed}
+
+
+def server(inventory, **extravars):
+    return run_playbook(SERVER, inventory, extravars=extravars or None)
+
+
+def assert_serving(cluster) -> None:
+    for node in cluster.nodes:
+        state = unit_state(node)
+        assert (state["ActiveState"], state["SubState"]) == ("active", "running"), (node.name, state)
+    assert models(cluster) == ["/models/glm53"]
+
+
+def restore(cluster, inventory) -> None:
+    """Converge again with the test site's settings and insist the group serves."""
+    result = server(inventory)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    assert_serving(cluster)
+
+
+# --- the converged cluster ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def converged(sim_cluster, sim_inventory):
+    for playbook in ("playbooks/fabric.yml", "playbooks/checkpoint.yml", SERVER):
+        result = run_playbook(playbook, sim_inventory)
+        assert result.rc == 0, f"{playbook}: {result.failure_messages() or result.stdout[-3000:]}"
+    assert_serving(sim_cluster)
+    return sim_cluster
+
+
+@pytest.fixture
+def serving(converged, sim_inventory):
+    """The converged cluster, serving at the start of the test (restored if an earlier test broke it)."""
+    try:
+        assert_serving(converged)
+    except (AssertionError, OSError):
+        restore(converged, sim_inventory)
+    return converged
+
+
+def test_unit_and_env_file_on_every_node(serving):
+    head = serving.nodes[0]
+    for node in serving.nodes:
+        mode = ssh(node, f"stat -c '%a %U %G' {UNIT_PATH} {ENV_PATH}").split("\n")
+        assert mode[:2] == ["644 root root", "600 root root"], (node.name, mode)
+        assert unit_state(node)["UnitFileState"] == "enabled"
+        env = dict(line.split("=", 1) for line in ssh(node, f"cat {ENV_PATH}").splitlines()
+                   if line and not line.startswith("#"))
+        assert env["SGLANG_HOST_IP"] == node.fabric_ip
+        assert env["HF_HUB_OFFLINE"] == "1"
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
+            assert env[name] == sim.FABRIC_IFACE, (node.name, name, env)
+        unit = ssh(node, f"cat {UNIT_PATH}")
+        assert f"--dist-init-addr {head.fabric_ip}:20000" in unit
+        assert f"--node-rank {node.rank}" in unit
+        assert f"--volume {MODEL_DIR}:/models/glm53:ro" in unit
+        assert f"--env-file {ENV_PATH}" in unit
+
+
+def test_every_flag_reaches_each_rank_one_by_one(serving):
+    head = serving.nodes[0]
+    for node in serving.nodes:
+        got = server_args(node)
+        want = expected_args(node.rank, head.fabric_ip)
+        got_pairs, want_pairs = as_pairs(got), as_pairs(want)
+        for flag, value in want_pairs:
+            assert (flag, value) in got_pairs, f"{node.name}: {flag} {value} missing from {got}"
+        assert got_pairs == want_pairs, node.name
+        # The unit's ExecStart holds the same list as the process (one flag per line).
+        unit = ssh(node, f"cat {UNIT_PATH}")
+        exec_start = unit.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].replace("\\\n", " ")
+        tokens = shlex.split(exec_start)
+        assert tokens[tokens.index("sglang.launch_server") + 1:] == want, node.name
+        # What the container was given to run the rank with (a real GB10 rank needs each).
+        run = docker_run_argv(node)
+        for option in (["--gpus", "all"], ["--network", "host"], ["--ipc", "host"], ["--cap-add", "IPC_LOCK"],
+                       ["--ulimit", "memlock=-1"], ["--memory", "120g"], ["--memory-swap", "120g"]):
+            assert any(run[i:i + 2] == option for i in range(len(run) - 1)), (node.name, option, run)
+        assert IMAGE in run
+
+
+def test_ranks_and_head_endpoint(serving):
+    head, worker = serving.nodes
+    assert server_args(head)[server_args(head).index("--node-rank") + 1] == "0"
+    assert server_args(worker)[server_args(worker).index("--node-rank") + 1] == "1"
+    assert models(serving) == ["/models/glm53"]
+    journal = ssh(head, f"journalctl -u {UNIT} --no-pager -o cat | tail -n 200")
+    assert f"Rank 1 joined from {worker.fabric_ip}" in journal
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(serving, sim_inventory):
+    before = {n.name: started_at(n) for n in serving.nodes}
+    began = time.monotonic()
+    result = server(sim_inventory)
+    took = time.monotonic() - began
+    assert result.rc == 0, result.failure_messages()
+    assert changed_tasks(result) == []
+    assert {n.name: started_at(n) for n in serving.nodes} == before
+    # A serving group answers in the first round: one probe per rank, no queued rounds.
+    probes = [e for e in result.task_events() if e["event_data"].get("task") == PROBE
+              and e["event"] in ("runner_on_ok", "runner_on_skipped", "runner_on_failed")]
+    assert sorted((e["event"], e["event_data"]["host"]) for e in probes) == [
+        ("runner_on_ok", "spark-0"), ("runner_on_ok", "spark-1")]
+    print(f"no-change server.yml run: {took:.1f} s")
+
+
+def test_flag_change_restarts_both_ranks_worker_first(serving, sim_inventory):
+    head, worker = serving.nodes
+    before = {n.name: started_at(n) for n in serving.nodes}
+    try:
+        result = server(sim_inventory, sglang_server_flag_overrides={"max-running-requests": 1})
+        assert result.rc == 0, result.failure_messages()
+        after = {n.name: started_at(n) for n in serving.nodes}
+        assert after[head.name] > before[head.name] and after[worker.name] > before[worker.name], (before, after)
+        assert after[worker.name] < after[head.name], "the head started before the worker"
+        for node in serving.nodes:
+            assert server_args(node) == expected_args(node.rank, head.fabric_ip, **{"--max-running-requests": "1"})
+        assert models(serving) == ["/models/glm53"]
+    finally:
+        restore(serving, sim_inventory)
+    for node in serving.nodes:
+        assert server_args(node) == expected_args(node.rank, head.fabric_ip)
+
+
+def test_guard_rail_refuses_before_any_change(serving, sim_inventory):
+    before = {n.name: started_at(n) for n in serving.nodes}
+    units = {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes}
+    result = server(sim_inventory, sglang_server_flag_overrides={"tool-call-parser": "glm"})
+    assert result.rc != 0
+    assert failed_at(result) == {PLAN}
+    assert changed_tasks(result) == []
+    messages = result.failure_messages()
+    assert "tool-call-parser" in messages and "glm47" in messages and '"tool_calls": null' in messages
+    assert {n.name: started_at(n) for n in serving.nodes} == before
+    assert {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes} == units
+
+
+@pytest.fixture
+def worker_images(serving):
+    """Put the worker's pulled images and knobs back after a test that changes what docker pulls."""
+    worker = serving.nodes[1]
+    saved = ssh(worker, f"cat {IMAGES_JSON}")
+    yield worker
+    sim.set_knobs(serving.instance, worker.name, {"docker": {"image_id": None, "architecture": "arm64"}})
+    # Back to the very image the running rank was started from: no restart is owed.
+    put(worker, IMAGES_JSON, saved)
+
+
+def test_image_mismatch_between_nodes_refused_before_any_rank_starts(serving, sim_inventory, worker_images):
+    before = {n.name: started_at(n) for n in serving.nodes}
+    other = "sha256:" + "e" * 64
+    sim.set_knobs(serving.instance, worker_images.name, {"docker": {"image_id": other}})
+    result = server(sim_inventory)
+    assert result.rc != 0
+    assert SAME_IMAGE in failed_at(result)
+    assert other in result.failure_messages() and "sglang_server_image_digest" in result.failure_messages()
+    # Pulling is how the mismatch is found; nothing after it ran.
+    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {"Pull the SGLang image"}
+    assert {n.name: started_at(n) for n in serving.nodes} == before
+
+
+def test_amd64_image_refused(serving, sim_inventory, worker_images):
+    before = {n.name: started_at(n) for n in serving.nodes}
+    sim.set_knobs(serving.instance, worker_images.name, {"docker": {"architecture": "amd64"}})
+    result = server(sim_inventory)
+    assert result.rc != 0
+    assert failed_at(result) == {ARCH_CHECK}
+    assert "linux/amd64" in result.failure_messages() and "arm64" in result.failure_messages()
+    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {"Pull the SGLang image"}
+    assert {n.name: started_at(n) for n in serving.nodes} == before
+
+
+def test_unverified_checkpoint_refused_before_any_change(serving, sim_inventory):
+    worker = serving.nodes[1]
+    before = {n.name: started_at(n) for n in serving.nodes}
+    ssh(worker, f"mv {STAMP} /root/stamp.saved")
+    try:
+        result = server(sim_inventory)
+        assert result.rc != 0
+        assert failed_at(result) == {STAMP_CHECK}
+        assert {d["host"] for d in result.failed} == {worker.name}
+        assert changed_tasks(result) == []
+        messages = result.failure_messages()
+        assert f"{STAMP} does not exist" in messages and "playbooks/checkpoint.yml" in messages
+        assert {n.name: started_at(n) for n in serving.nodes} == before
+    finally:
+        ssh(worker, f"mv /root/stamp.saved {STAMP}")
+
+
+def test_failed_start_fails_early_shows_every_journal_and_stops_every_rank(serving, sim_inventory):
+    head, worker = serving.nodes
+    processor = f"{MODEL_DIR}/processor_config.json"
+    for node in serving.nodes:
+        ssh(node, f"systemctl stop {UNIT}")
+    ssh(worker, f"mv {processor} /root/processor_config.json.saved")
+    try:
+        began = time.monotonic()
+        result = server(sim_inventory)
+        took = time.monotonic() - began
+        assert result.rc != 0
+        assert failed_at(result) == {GIVE_UP}
+        # Not the 300 s timeout of the test site: the dead worker ended the wait.
+        assert "a rank's unit is no longer active" in result.failure_messages()
+        assert took < 150, took
+        journals = result.results(JOURNALS)
+        assert set(journals) == {head.name, worker.name}
+        worker_journal = "\n".join(journals[worker.name]["msg"])
+        assert "FileNotFoundError" in worker_journal and "processor_config.json" in worker_journal
+        assert "waiting for 1 other rank" in "\n".join(journals[head.name]["msg"])
+        for node in serving.nodes:
+            assert unit_state(node)["ActiveState"] in ("inactive", "failed"), node.name
+            assert sglang_processes(node) == "", node.name
+    finally:
+        ssh(worker, f"mv /root/processor_config.json.saved {processor}")
+        restore(serving, sim_inventory)
+
+
+def validate_command(unit_file: str) -> str:
+    """The role's own `validate:` of the unit template, aimed at unit_file."""
+    tasks = yaml.safe_load((REPO / "roles/sglang_server/tasks/install.yml").read_text())
+    task = next(t for t in tasks if t.get("name") == "Install the systemd unit")
+    command = task["ansible.builtin.template"]["validate"]
+    assert "{{ sglang_server_unit_name }}" in command, command
+    return command.replace("{{ sglang_server_unit_name }}", UNIT).replace("%s", unit_file)
+
+
+@pytest.mark.parametrize("bad", [
+    "Type=bogus",
+    "ExecStop=docker stop sglang\nFrobnicate=yes",
+], ids=["bad-value", "unknown-key"])
+def test_unit_validation_really_rejects_a_bad_unit(serving, bad):
+    node = serving.nodes[0]
+    ssh(node, f"cp {UNIT_PATH} /root/good.service")
+    good = ssh(node, f"{validate_command('/root/good.service')}; echo rc=$?", check=False)
+    assert good.strip().endswith("rc=0"), good
+    # The installed unit with invalid settings added to [Service].
+    unit = ssh(node, f"cat {UNIT_PATH}")
+    assert "\n[Service]\n" in unit
+    put(node, "/root/bad.service", unit.replace("\n[Service]\n", f"\n[Service]\n{bad}\n", 1))
+    out = ssh(node, f"{validate_command('/root/bad.service')} 2>&1; echo rc=$?", check=False)
+    assert out.strip().endswith("rc=1"), out
+    assert UNIT in out
+
+
+def test_check_mode_on_the_converged_cluster_changes_nothing(serving, sim_inventory):
+    before = {n.name: started_at(n) for n in serving.nodes}
+    result = run_playbook(SERVER, sim_inventory, check=True)
+    assert result.rc == 0, result.failure_messages()
+    assert changed_tasks(result) == []
+    assert {n.name: started_at(n) for n in serving.nodes} == before
