@@ -124,7 +124,7 @@ def test_site_imports_playbooks_that_exist():
 
 
 def test_requirements_are_pinned():
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            assert re.match(r"^[A-Za-z0-9_.\-\[\]]+==[\w.]+$", line), line
+    for raw in (REPO / "requirements.txt").read_text().splitlines():
+        requirement = raw.split("#")[0].strip()
+        if requirement:
+            assert re.match(r"^[A-Za-z0-9_.\-\[\]]+==[\w.]+$", requirement), requirement
