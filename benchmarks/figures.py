@@ -177,6 +177,32 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
 
 # ---- 2. head -> worker sync over the fabric -----------------------------------------------------------
 
+def ssh_pipes(ctx: Context) -> dict[str, float]:
+    """Diagnosis, not a figure: what one ssh stream over the fabric carries, per cipher, in one round.
+
+    The checkpoint's bytes go through ssh into /dev/null, so the number is the ceiling ssh itself
+    puts on an rsync stream here; the default cipher next to AES-GCM shows whether the cipher is it.
+    """
+    head, worker = ctx.head, ctx.worker
+    offered = set(ctx.sh(head, "ssh -Q cipher", check=False).split())
+    # The client's first preference is what a stock sshd on the worker agrees to.
+    first = ctx.sh(head, f"ssh -G root@{worker.fabric_ip} | awk '/^ciphers /{{print $2}}'", check=False)
+    default = f"default cipher {first.strip().split(',')[0]}" if first.strip() else "the default cipher"
+    out: dict[str, float] = {}
+    for label, option in ((default, ""), ("aes128-gcm@openssh.com", "-c aes128-gcm@openssh.com")):
+        if option and option.split()[-1] not in offered:
+            continue
+        try:
+            seconds, _ = ctx.timed(head, f"cd {ctx.model_dir} && find . -type f -print0 | xargs -0 cat "
+                                         f"| {ctx.sync_ssh_command} {option} root@{worker.fabric_ip} 'cat >/dev/null'")
+        except BenchError as e:
+            ctx.say(f"ssh pipe with {label} FAILED: {e}")
+            continue
+        out[label] = round(mib_per_s(ctx.total_bytes, seconds), 1)
+        ctx.say(f"ssh pipe head -> worker with {label}: {out[label]} MiB/s")
+    return out
+
+
 def sync(ctx: Context, runs: int) -> list[Figure]:
     head, worker = ctx.head, ctx.worker
     dest, partial = f"{BENCH_DIR}/sync", f"{BENCH_DIR}/.sync.partial/rsync"
@@ -218,11 +244,15 @@ def sync(ctx: Context, runs: int) -> list[Figure]:
 
     s = _rounds(ctx, "sync", runs, [("role", role_sync), ("cp", local_copy), ("rsync", plain_rsync)])
     cores = int(ctx.sh(head, "nproc").strip())
+    pipes = ssh_pipes(ctx)
     common = {"bytes": ctx.total_bytes, "files": len(ctx.files), "streams": ctx.sync_streams,
-              "module_reported_seconds": module_seconds, "node_cores": cores}
+              "module_reported_seconds": module_seconds, "node_cores": cores, "ssh_pipe_mib_s": pipes}
     bound = (f"both nodes share this machine's {cores} cores: every rsync stream runs ssh encryption on the head, "
              "decryption in the worker's sshd and two rsync processes, so one plain rsync already keeps about 2 cores "
              "busy and more streams cannot add CPU that is not there; on two real Sparks each end has its own 20 cores")
+    if pipes:
+        bound += ("; one ssh stream alone, no rsync and no disk, moves "
+                  + ", ".join(f"{v:.0f} MiB/s with {k}" for k, v in pipes.items()))
     return [
         Figure(key="sync_vs_copy", name=f"checkpoint sync head -> worker over the fabric ({ctx.sync_streams} streams)",
                unit="MiB/s", measured=s["role"], baseline_name="cp -a on one node", baseline=s["cp"],

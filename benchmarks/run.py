@@ -130,8 +130,11 @@ def tool_versions() -> dict:
 
 
 def git_commit() -> str:
-    out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "?"
+    """The commit measured, read at the start: the checkout may move while a run takes minutes."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    return (head.stdout.strip() or "?") + ("+uncommitted changes" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _terminate_on_signals()
     started = time.monotonic()
+    commit = git_commit()
     machine = machine_facts()
     machine["load_before"] = read_loadavg()
     shard_bytes = max(int(args.shard_mib * MiB), 1)
@@ -163,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Figure] = []
     errors: dict[str, str] = {}
     log: list[str] = []
+    node_tools: dict[str, str] = {}
     try:
         # No harness hub: the harness serves a tiny checkpoint; ours has benchmark-sized shards.
         cluster = sim.up(args.instance, 2, hub=False)
@@ -182,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         if r.rc != 0:
             raise RuntimeError(f"bench: converging site.yml failed: {r.failure_messages()[-3000:] or r.stdout[-3000:]}")
         ctx.say(f"converged in {time.monotonic() - t0:.0f} s")
+        # The tools that do the work run in the nodes (Debian trixie), not on this machine.
+        node_tools = {
+            "rsync": ctx.sh(ctx.head, "rsync --version | head -n 1", check=False).strip(),
+            "ssh": ctx.sh(ctx.head, "ssh -V 2>&1", check=False).strip(),
+            "sha256sum": ctx.sh(ctx.head, "sha256sum --version | head -n 1", check=False).strip(),
+            "python": ctx.sh(ctx.head, "python3 -V", check=False).strip(),
+        }
         for key in groups:
             runs = args.site_runs if key == "site" else args.runs
             figs, err = figures.run_figure(ctx, key, runs)
@@ -200,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "kind": "spark-bench",
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": git_commit(),
+        "commit": commit,
         "smoke": args.smoke,
         "runs": args.runs,
         "site_runs": args.site_runs,
         "checkpoint": {"shards": args.shards, "shard_bytes": shard_bytes, "files": len(files), "bytes": total},
         "machine": machine,
-        "tools": tool_versions(),
+        "tools": {"controller": tool_versions(), "nodes": node_tools},
         "seconds": round(time.monotonic() - started, 1),
         "figures": [f.to_dict() for f in results],
         "errors": errors,
