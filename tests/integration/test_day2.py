@@ -7,7 +7,9 @@ deployment: status, doctor, verify, restart, a refused --limit restart, stop.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shlex
 import tarfile
 
 import pytest
@@ -21,6 +23,20 @@ pytestmark = pytest.mark.slow
 # stand-in group is up in about two minutes.
 READINESS = 300
 UNIT = "sglang.service"
+MODEL_DIR = "/opt/models/glm53"
+# The pin this deployment claims; the stamp below vouches for it like checkpoint.yml's would.
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def checkpoint_files():
+    """What checkpoint.yml leaves behind, in the smallest form: files, its record, its deep stamp."""
+    files = {"processor_config.json": {"size": 2}, "config.json": {"size": 2}}
+    record = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": REVISION, "files": files}
+    stamp = {"mode": "deep", "repo_id": record["repo_id"], "revision": REVISION, "model_dir": MODEL_DIR,
+             "record_sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
+    return (f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/processor_config.json && echo '{{}}' > {MODEL_DIR}/config.json"
+            f" && echo {shlex.quote(json.dumps(record))} > {MODEL_DIR}.record.json"
+            f" && echo {shlex.quote(json.dumps(stamp))} > {MODEL_DIR}.verified")
 
 
 def sh(node, command):
@@ -37,17 +53,16 @@ def unit_times(node):
 @pytest.fixture(scope="module")
 def deployed(sim_cluster):
     for n in sim_cluster.nodes:
-        # What checkpoint.yml and fabric.yml leave behind, in the smallest form the stand-in server accepts.
-        sh(n, "mkdir -p /opt/models/glm53 && echo '{}' > /opt/models/glm53/processor_config.json "
-              "&& echo '{}' > /opt/models/glm53/config.json "
-              f"&& (ip -o addr show dev enp1s0f1np1 | grep -q ' {n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
+        # What checkpoint.yml and fabric.yml leave behind, in the smallest form the server role and stand-in accept.
+        sh(n, checkpoint_files() + " && (ip -o addr show dev enp1s0f1np1 | grep -q ' "
+              f"{n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
     result = run_playbook("playbooks/server.yml", sim_cluster.inventory,
-                          extravars={"sglang_server_readiness_timeout": READINESS})
+                          extravars={"sglang_server_readiness_timeout": READINESS, "checkpoint_revision": REVISION})
     assert result.rc == 0, result.stdout[-4000:]
     yield sim_cluster
     # Leave the nodes as other test modules expect them: no sglang unit installed.
     for n in sim_cluster.nodes:
-        sim.ssh(n, f"systemctl stop {UNIT}; rm -f /etc/systemd/system/{UNIT}; rm -rf /etc/sglang; "
+        sim.ssh(n, f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT}; rm -rf /etc/sglang; "
                    f"systemctl daemon-reload; systemctl reset-failed {UNIT}; true", check=False)
 
 
@@ -60,6 +75,7 @@ def test_status_has_one_line_per_node(deployed):
     assert head.startswith("spark-0 head: unit active/running;")
     assert "image lmsysorg/sglang:glm-5.3-flash-arm64 (" in head
     assert "endpoint healthy, serves /models/glm53" in head
+    assert f"checkpoint {REVISION} (verified yes)" in head and f"checkpoint {REVISION} (verified yes)" in worker
     assert worker.startswith("spark-1 worker: unit active/running;") and "endpoint n/a (worker)" in worker
     assert not result.changed
 

@@ -44,8 +44,10 @@ def plant(cluster, name, fault, extra_lines=None):
 
 
 def clear(cluster):
+    # An installed unit (another module's deployment) would stop the transient unit of the same name.
     for n in cluster.nodes:
-        sim.ssh(n, faults.clear_command() + "; rm -rf /etc/sglang", check=False)
+        sim.ssh(n, "systemctl disable --now sglang.service; rm -f /etc/systemd/system/sglang.service; "
+                   "systemctl daemon-reload; " + faults.clear_command() + "; rm -rf /etc/sglang", check=False)
 
 
 def run_doctor(inventory, tmp_path, **extravars):
