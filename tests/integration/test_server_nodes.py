@@ -266,6 +266,23 @@ def test_flag_change_restarts_both_ranks_worker_first(serving, sim_inventory):
         assert server_args(node) == expected_args(node.rank, head.fabric_ip)
 
 
+def test_limited_run_never_restarts_part_of_the_group(serving, sim_inventory):
+    """Re-provisioning with --limit must not leave a fresh rank beside old ones."""
+    head, worker = serving.nodes
+    before = {n.name: started_at(n) for n in serving.nodes}
+    try:
+        result = run_playbook(SERVER, sim_inventory, limit=worker.name,
+                              extravars={"sglang_server_flag_overrides": {"max-running-requests": 1}})
+        assert result.rc != 0
+        assert failed_at(result) == {"Refuse to restart part of the TP group"}
+        messages = result.failure_messages()
+        assert head.name in messages and "without --limit" in messages
+        assert {n.name: started_at(n) for n in serving.nodes} == before
+        assert_serving(serving)
+    finally:
+        restore(serving, sim_inventory)
+
+
 def test_guard_rail_refuses_before_any_change(serving, sim_inventory):
     before = {n.name: started_at(n) for n in serving.nodes}
     units = {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes}
