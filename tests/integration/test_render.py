@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.lib.playbook import REPO, run_playbook
+from tests.lib.seed import SEED_FLAGS
 
 INVENTORY = REPO / "inventory" / "spark"
 PLAYBOOK = "playbooks/render.yml"
@@ -25,20 +26,7 @@ FACTS = REPO.parent / "shared" / "reference" / "deployment-facts.md"
 
 # deployment-facts.md, "The field-tested launch command", in its order
 # (model-path and tp-size are derived and checked separately).
-SEED = [
-    ("--trust-remote-code", None),
-    ("--attention-backend", "dsa"),
-    ("--dsa-prefill-backend", "tilelang"),
-    ("--dsa-decode-backend", "tilelang"),
-    ("--moe-runner-backend", "flashinfer_cutlass"),
-    ("--kv-cache-dtype", "bfloat16"),
-    ("--disable-shared-experts-fusion", None),
-    ("--reasoning-parser", "glm45"),
-    ("--tool-call-parser", "glm47"),
-    ("--mem-fraction-static", "0.84"),
-    ("--context-length", "65536"),
-    ("--max-running-requests", "2"),
-]
+SEED = SEED_FLAGS
 NODES = {"spark-0": ("0", "192.168.100.10"), "spark-1": ("1", "192.168.100.11")}
 
 

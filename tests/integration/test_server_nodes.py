@@ -22,6 +22,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
+from tests.lib.seed import SEED_FLAGS
 
 SERVER = "playbooks/server.yml"
 UNIT = "sglang.service"
@@ -42,20 +43,7 @@ GIVE_UP = "Fail with a summary"
 
 # deployment-facts.md, "The field-tested launch command" (--model-path is the container path of
 # the mounted directory), then the multi-node flags, in the unit's order.
-SEED = [
-    ("--trust-remote-code", None),
-    ("--attention-backend", "dsa"),
-    ("--dsa-prefill-backend", "tilelang"),
-    ("--dsa-decode-backend", "tilelang"),
-    ("--moe-runner-backend", "flashinfer_cutlass"),
-    ("--kv-cache-dtype", "bfloat16"),
-    ("--disable-shared-experts-fusion", None),
-    ("--reasoning-parser", "glm45"),
-    ("--tool-call-parser", "glm47"),
-    ("--mem-fraction-static", "0.84"),
-    ("--context-length", "65536"),
-    ("--max-running-requests", "2"),
-]
+SEED = SEED_FLAGS
 
 
 def expected_args(rank: int, head_fabric_ip: str, **values: str) -> list[str]:
