@@ -9,24 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.lib.seed import SEED_FLAGS
+
 HARNESS_INVENTORY = Path(os.environ.get("SPARK_SIM_STATE", "/run/spark-sim")) / os.environ.get(
     "SPARK_SIM_INSTANCE", "molecule") / "inventory" / "hosts.json"
 
-# The seed's load-bearing flags (deployment-facts.md), each with its value.
-SEED_FLAGS = [
-    ("--trust-remote-code", None),
-    ("--attention-backend", "dsa"),
-    ("--dsa-prefill-backend", "tilelang"),
-    ("--dsa-decode-backend", "tilelang"),
-    ("--moe-runner-backend", "flashinfer_cutlass"),
-    ("--kv-cache-dtype", "bfloat16"),
-    ("--disable-shared-experts-fusion", None),
-    ("--reasoning-parser", "glm45"),
-    ("--tool-call-parser", "glm47"),
-    ("--mem-fraction-static", "0.84"),
-    ("--context-length", "65536"),
-    ("--max-running-requests", "2"),
-]
 
 
 def hostvars(host):
