@@ -130,26 +130,13 @@ def _check_override(name, value, spec, ack, errors):
         if value is not True:
             errors.append(f"{where}: --{name} is a bare switch. Fix: use true to set it or false to drop it.")
         return True
-    if kind == "int":
-        number = _as_int(value)
+    if kind in ("int", "float"):
+        parse, wanted = (_as_int, "a whole number") if kind == "int" else (_as_float, "a number")
+        article = "an integer" if kind == "int" else "a number"
+        number = parse(value)
         if number is None:
             errors.append(
-                f"{where}: --{name} takes a whole number. Fix: give an integer between {spec['min']} and "
-                f"{spec['max']}."
-            )
-            return None
-        if not spec["min"] <= number <= spec["max"]:
-            errors.append(
-                f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value "
-                "in that range."
-            )
-            return None
-        return number
-    if kind == "float":
-        number = _as_float(value)
-        if number is None:
-            errors.append(
-                f"{where}: --{name} takes a number. Fix: give a number between {spec['min']} and "
+                f"{where}: --{name} takes {wanted}. Fix: give {article} between {spec['min']} and "
                 f"{spec['max']}."
             )
             return None
