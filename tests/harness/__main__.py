@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     knob.add_argument("-i", "--instance", default="sim")
     knob.add_argument("node")
     knob.add_argument("json")
+    again = sub.add_parser("reinstall", help="re-provision one node with a fresh OS (new host keys), the others keep running")
+    again.add_argument("-i", "--instance", default="sim")
+    again.add_argument("node")
+    again.add_argument("--knobs", default="{}", help='JSON {"gpu": {...}} for the fresh node')
     sub.add_parser("status", help="list instances and anything left behind")
     args = p.parse_args(argv)
 
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.down(args.instance)
     elif args.cmd == "knob":
         cluster.set_knobs(args.instance, args.node, json.loads(args.json))
+    elif args.cmd == "reinstall":
+        cluster.reinstall(args.instance, args.node, json.loads(args.knobs))
     elif args.cmd == "status":
         for c in cluster.instances():
             print(f"{c.instance}: " + ", ".join(f"{n.name}={n.mgmt_ip}" for n in c.nodes))

@@ -101,6 +101,16 @@ def _node_cgroup(instance: str, node: str) -> Path:
     return _cgroup_root() / "spark-sim" / instance / node
 
 
+# On a hybrid host nspawn also files each node in the named v1 hierarchy.
+_V1_SYSTEMD = Path("/sys/fs/cgroup/systemd")
+
+
+def _cgroup_dirs(instance: str, node: str | None = None) -> list[Path]:
+    """The node's (or the instance's) cgroup directories in every hierarchy they appear in."""
+    tail = Path("spark-sim") / instance / (node or "")
+    return [root / tail for root in (_cgroup_root(), _V1_SYSTEMD) if (root / "cgroup.procs").exists()]
+
+
 def _allocate_index(instance: str) -> int:
     used = set()
     if STATE_ROOT.exists():
@@ -183,6 +193,54 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
         cluster.save()
     log(f"instance {instance}: {nodes} nodes up; inventory {cluster.inventory}")
     return cluster
+
+
+def reinstall(instance: str, node: str, knobs: dict | None = None) -> Node:
+    """Re-provision one node like a fresh OS install: same name, addresses and cabling;
+    new root filesystem, machine-id and SSH host keys; fabric port back to MTU 1500
+    with no address and no firewall rules. The other nodes keep running."""
+    rootfs = image.ensure_image(CACHE_ROOT)
+    wheels = image.ensure_wheelhouse(CACHE_ROOT, rootfs)
+    with _lock():
+        c = Cluster.load(instance)
+        if c is None:
+            raise SystemExit(f"harness: no instance {instance!r}")
+        n = next((x for x in c.nodes if x.name == node), None)
+        if n is None:
+            raise SystemExit(f"harness: instance {instance} has no node {node!r}")
+        _halt(c, n)
+        # The namespace outlives the node: undo what the old OS configured in it.
+        run(["ip", "-n", n.netns, "addr", "flush", "dev", FABRIC_IFACE])
+        run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "mtu", "1500"])
+        run(["nsenter", f"--net=/run/netns/{n.netns}", f"--root={rootfs}", "nft", "flush", "ruleset"])
+        _prepare_node(c, n, rootfs, wheels, knobs or {})
+        _boot(c, n)
+        c.save()
+        _wait_ready(n)
+        _write_inventory(c)
+        c.save()
+    log(f"instance {instance}: {node} reinstalled")
+    return n
+
+
+def _halt(c: Cluster, n: Node) -> None:
+    """Power a node off and remove its root filesystem (its namespace stays)."""
+    if n.pid and _alive(n.pid):
+        os.kill(n.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while n.pid and _alive(n.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _kill_cgroup(_node_cgroup(c.instance, n.name))
+    # A stale subtree left from the old boot hangs the next systemd in it.
+    for cg in _cgroup_dirs(c.instance, n.name):
+        _rmdir_tree(cg)
+    merged = Path(n.dir) / "merged"
+    if os.path.ismount(merged):
+        if subprocess.run(["umount", str(merged)], capture_output=True).returncode != 0:
+            run(["umount", "-l", str(merged)], check=False, quiet=True)
+    shutil.rmtree(n.dir, ignore_errors=True)
+    shutil.rmtree(f"/run/systemd/nspawn/propagate/spsim-{c.instance}-{n.name}", ignore_errors=True)
+    n.pid = 0
 
 
 def _network_up(c: Cluster) -> None:
@@ -470,29 +528,20 @@ def _down(c: Cluster) -> None:
         if n.pid and _alive(n.pid):
             # nspawn turns SIGTERM into an orderly poweroff of the node.
             os.kill(n.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
     for n in c.nodes:
-        while n.pid and _alive(n.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    for n in c.nodes:
-        _kill_cgroup(_node_cgroup(c.instance, n.name))
-        merged = Path(n.dir) / "merged"
-        if os.path.ismount(merged):
-            if subprocess.run(["umount", str(merged)], capture_output=True).returncode != 0:
-                run(["umount", "-l", str(merged)], check=False, quiet=True)
-        shutil.rmtree(n.dir, ignore_errors=True)
-        shutil.rmtree(f"/run/systemd/nspawn/propagate/spsim-{c.instance}-{n.name}", ignore_errors=True)
+        _halt(c, n)
         run(["ip", "link", "del", n.host_veth], check=False, quiet=True)
         run(["ip", "netns", "del", n.netns], check=False, quiet=True)
     if c.switch_netns:
         run(["ip", "netns", "del", c.switch_netns], check=False, quiet=True)
     run(["ip", "route", "del", "unreachable", c.fabric_subnet], check=False, quiet=True)
     run(["ip", "link", "del", c.bridge], check=False, quiet=True)
-    _rmdir_tree(_cgroup_root() / "spark-sim" / c.instance)
-    try:
-        (_cgroup_root() / "spark-sim").rmdir()
-    except OSError:
-        pass  # another instance still lives there
+    for cg in _cgroup_dirs(c.instance):
+        _rmdir_tree(cg)
+        try:
+            cg.parent.rmdir()
+        except OSError:
+            pass  # another instance still lives there
     shutil.rmtree(c.state_dir, ignore_errors=True)
     try:
         (WORK_ROOT / c.instance).rmdir()
@@ -552,13 +601,12 @@ def leftovers(instance: str | None = None, index: int | None = None) -> list[str
     work = str(WORK_ROOT / instance) if instance else str(WORK_ROOT)
     mounts = Path("/proc/mounts").read_text()
     found += [f"mount {line.split()[1]}" for line in mounts.splitlines() if work in line]
-    cg = _cgroup_root() / "spark-sim"
-    if instance:
-        cg = cg / instance
-        if cg.exists():
-            found.append(f"cgroup {cg}")
-    elif cg.exists():
-        found += [f"cgroup {p}" for p in cg.iterdir() if p.is_dir()]
+    for cg in _cgroup_dirs(instance or ""):
+        if instance:
+            if cg.exists():
+                found.append(f"cgroup {cg}")
+        elif cg.exists():
+            found += [f"cgroup {p}" for p in cg.iterdir() if p.is_dir()]
     ps = run(["ps", "-eo", "pid,args"], capture=True)
     found += [f"process {line.strip()}" for line in ps.splitlines() if "systemd-nspawn" in line and ns_prefix in line]
     if instance and (STATE_ROOT / instance).exists():
