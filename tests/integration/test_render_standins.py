@@ -76,8 +76,10 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
     out = tmp_path / "rendered"
     result = run_playbook("playbooks/render.yml", REPO / "inventory" / "spark", extravars={
         "sglang_server_render_dir": str(out),
-        # Both "nodes" are this machine: every address is the loopback.
+        # Both "nodes" are this machine: every address is the loopback, and so is the fabric
+        # interface NCCL and Gloo bind to (the stand-in looks it up like they do).
         "spark_fabric_ip": LOOPBACK,
+        "spark_fabric_interface": "lo",
         "sglang_server_host": LOOPBACK,
         "sglang_server_port": port,
         "sglang_server_dist_init_port": dist,

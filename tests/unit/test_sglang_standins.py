@@ -45,9 +45,11 @@ def model_dir(tmp_path):
 
 
 def server_args(model, port, *, nnodes=1, rank=0, dist_port=None, **flags):
+    """The seed's flags (deployment-facts.md), TileLang DSA kernels included, for one rank on this machine."""
     args = ["--model-path", str(model), "--trust-remote-code", "--tp-size", str(nnodes),
-            "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
-            "--context-length", "65536", "--max-running-requests", "2",
+            "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang", "--dsa-decode-backend", "tilelang",
+            "--kv-cache-dtype", "bfloat16", "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
+            "--mem-fraction-static", "0.84", "--context-length", "65536", "--max-running-requests", "2",
             "--nnodes", str(nnodes), "--node-rank", str(rank),
             "--host", LOOPBACK, "--port", str(port)]
     if dist_port:
@@ -66,16 +68,41 @@ def server_args(model, port, *, nnodes=1, rank=0, dist_port=None, **flags):
     return args
 
 
+# What the rendered env file gives a rank, for "nodes" that are this machine (the fabric is the loopback).
+FABRIC_ENV = {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "SGLANG_HOST_IP": LOOPBACK,
+              "HF_HUB_OFFLINE": "1"}
+
+
+def knob_root(tmp_path, sglang=None, gpu=None):
+    """A SPARK_SIM_ROOT whose node.json holds these knobs (fast loading unless told otherwise)."""
+    root = tmp_path / f"root{len(list(tmp_path.glob('root*')))}"
+    (root / "etc/spark-sim").mkdir(parents=True)
+    knobs = {"sglang": {"load_seconds": 0.1, **(sglang or {})}}
+    if gpu:
+        knobs["gpu"] = gpu
+    (root / "etc/spark-sim/node.json").write_text(json.dumps(knobs))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def fast_loading(tmp_path_factory):
+    """Unless a test says otherwise, ranks load their weights in 0.1 s."""
+    global DEFAULT_ROOT  # noqa: PLW0603 - read by start_server, which tests call directly
+    DEFAULT_ROOT = knob_root(tmp_path_factory.mktemp("knobs"))
+
+
+DEFAULT_ROOT = None
+
+
 def start_server(args, env_extra=None, root=None):
-    env = {**os.environ, "NVIDIA_VISIBLE_DEVICES": "all", **(env_extra or {})}
-    if root:
-        env["SPARK_SIM_ROOT"] = str(root)
+    env = {**os.environ, "NVIDIA_VISIBLE_DEVICES": "all", **FABRIC_ENV, **(env_extra or {}),
+           "SPARK_SIM_ROOT": str(root or DEFAULT_ROOT)}
     return subprocess.Popen([sys.executable, str(SERVER), *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def run_server(args, env_extra=None, timeout=30):
-    proc = start_server(args, env_extra)
+def run_server(args, env_extra=None, timeout=30, root=None):
+    proc = start_server(args, env_extra, root)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 
@@ -120,9 +147,9 @@ def stop(proc):
 def serve(model_dir):
     procs = []
 
-    def _serve(**flags):
+    def _serve(root=None, **flags):
         port = free_port()
-        proc = start_server(server_args(model_dir, port, **flags))
+        proc = start_server(server_args(model_dir, port, **flags), root=root)
         procs.append(proc)
         wait_ready(port, proc)
         return port, proc
@@ -146,11 +173,49 @@ def test_unknown_flag_is_refused_like_argparse(model_dir):
     assert "launch_server.py: error: unrecognized arguments: --contxt-length 5" in out
 
 
-def test_hub_repo_id_fails_with_the_file_missing_error():
-    rc, out = run_server(server_args("LibertAIDAI/GLM-5.3-Flash-NVFP4", free_port()))
+HUB = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
+
+
+def test_hub_repo_id_without_network_fails_with_huggingface_hubs_messages():
+    rc, out = run_server(server_args(HUB, free_port()), {"HF_HUB_OFFLINE": ""})
+    assert rc == 1
+    assert ("requests.exceptions.ConnectionError: (MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', "
+            "port=443): Max retries exceeded with url: /LibertAIDAI/GLM-5.3-Flash-NVFP4/resolve/main/config.json") in out
+    assert "Failed to resolve 'huggingface.co'" in out
+    assert ("huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+            "Hub") in out
+    assert "OSError: We couldn't connect to 'https://huggingface.co' to load this file" in out
+    # It never got as far as the model code, nor as distributed init.
+    assert "processor_config.json" not in out and "Init torch distributed begin" not in out
+
+
+def test_hub_repo_id_in_offline_mode_fails_without_a_connection():
+    rc, out = run_server(server_args(HUB, free_port()), {"HF_HUB_OFFLINE": "1"})
+    assert rc == 1
+    assert ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and "
+            "outgoing traffic has been disabled.") in out
+    assert "HTTPSConnectionPool" not in out
+
+
+def test_hub_endpoint_names_the_host_it_tried():
+    rc, out = run_server(server_args(HUB, free_port()), {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "https://hub.example.org"})
+    assert rc == 1 and "HTTPSConnectionPool(host='hub.example.org', port=443)" in out
+
+
+def test_hub_repo_id_with_the_hub_reachable_fails_at_processor_config(tmp_path):
+    # The field case of deployment-facts.md: config.json came down, the model code opens a local path.
+    rc, out = run_server(server_args(HUB, free_port()), {"HF_HUB_OFFLINE": ""},
+                         root=knob_root(tmp_path, {"hub_reachable": True}))
     assert rc == 1
     assert ("FileNotFoundError: [Errno 2] No such file or directory: "
             "'LibertAIDAI/GLM-5.3-Flash-NVFP4/processor_config.json'") in out
+
+
+def test_a_path_that_is_neither_a_directory_nor_a_repo_id(tmp_path):
+    rc, out = run_server(server_args(tmp_path / "nowhere", free_port()))
+    assert rc == 1
+    assert f"OSError: Incorrect path_or_model_id: '{tmp_path / 'nowhere'}'" in out
+    assert "HTTPSConnectionPool" not in out
 
 
 def test_checkpoint_without_processor_config_fails(model_dir):
@@ -178,6 +243,47 @@ def test_hybrid_state_cache_threshold(model_dir, reqs, context, fails):
 def test_dropping_concurrency_and_context_hits_the_hybrid_error(model_dir):
     rc, out = run_server(server_args(model_dir, free_port(), max_running_requests=None, context_length=None))
     assert rc == 1 and HYBRID in out
+
+
+SMEM = "Failed to set the allowed dynamic shared memory size to 169984 with error: invalid argument"
+
+
+def test_gb10_tile_of_the_per_model_image_starts_and_the_default_tile_fails_at_capture(tmp_path, model_dir):
+    args = server_args(model_dir, free_port())
+    rc, out = run_server(args, root=knob_root(tmp_path, {"tilelang_tile": "default"}))
+    assert rc == 1
+    assert f"Exception: Capture cuda graph failed: {SMEM}" in out
+    assert out.index("Capture cuda graph begin") < out.index(SMEM)
+    assert "fired up" not in out
+    proc = start_server(args, root=knob_root(tmp_path))
+    wait_ready(int(args[args.index("--port") + 1]), proc)
+    assert SMEM not in stop(proc)
+
+
+def test_default_tile_fits_a_gpu_with_more_shared_memory_or_without_tilelang(tmp_path, model_dir):
+    for knobs, flags in (({"compute_cap": "9.0"}, {}),
+                         ({}, {"dsa_prefill_backend": "flashmla_sparse", "dsa_decode_backend": "flashmla_sparse"})):
+        args = server_args(model_dir, free_port(), **flags)
+        proc = start_server(args, root=knob_root(tmp_path, {"tilelang_tile": "default"}, gpu=knobs))
+        wait_ready(int(args[args.index("--port") + 1]), proc)
+        assert SMEM not in stop(proc)
+
+
+def test_default_tile_without_cuda_graphs_fails_at_the_first_prefill(tmp_path, model_dir):
+    rc, out = run_server(server_args(model_dir, free_port(), disable_cuda_graph=True),
+                         root=knob_root(tmp_path, {"tilelang_tile": "default"}))
+    assert rc == 1 and f"RuntimeError: {SMEM}" in out and "Capture cuda graph begin" not in out
+
+
+def test_a_speculative_drafter_needs_the_gb10_tile_for_its_verify_shapes(tmp_path, model_dir):
+    args = server_args(model_dir, free_port(), speculative_algorithm="EAGLE", speculative_num_draft_tokens=4)
+    rc, out = run_server(args, root=knob_root(tmp_path))
+    assert rc == 1
+    assert "Capture draft cuda graph begin. speculative_algorithm=EAGLE" in out
+    assert f"Exception: Capture draft cuda graph failed: {SMEM}" in out
+    proc = start_server(args, root=knob_root(tmp_path, {"tilelang_verify_tile": "gb10"}))
+    wait_ready(int(args[args.index("--port") + 1]), proc)
+    assert SMEM not in stop(proc)
 
 
 def test_no_gpu_in_the_container_fails(model_dir):
@@ -233,6 +339,39 @@ def test_glm47_tool_parser_returns_a_tool_call(serve):
     assert json.loads(call["function"]["arguments"]) == {"city": "Beijing"}
 
 
+def test_a_non_bf16_kv_cache_under_tilelang_garbles_output_with_replacement_characters(serve):
+    port, _ = serve(kv_cache_dtype="fp8_e4m3")
+    message = http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]
+    assert "\ufffd" in message["reasoning_content"] and "×" not in message["reasoning_content"]
+    port, _ = serve()
+    assert "\ufffd" not in json.dumps(http(port, "/v1/chat/completions", ASK)[1], ensure_ascii=False)
+
+
+@pytest.mark.parametrize(("corruption", "broken"), [
+    ("wrong-answer", lambda reply: reply["choices"][0]["message"]["content"] == "394"),
+    ("bad-tool-args", lambda reply: reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+     == '{"city": "Beijing"'),
+    ("fffd", lambda reply: "\ufffd" in json.dumps(reply, ensure_ascii=False)),
+])
+def test_output_corruption_knob(serve, tmp_path, corruption, broken):
+    body = {**ASK, "tools": TOOLS} if corruption == "bad-tool-args" else ASK
+    port, _ = serve(root=knob_root(tmp_path, {"output_corruption": corruption}))
+    assert broken(http(port, "/v1/chat/completions", body)[1])
+    port, _ = serve(root=knob_root(tmp_path))
+    assert not broken(http(port, "/v1/chat/completions", body)[1])
+
+
+def test_log_requests_logs_what_was_asked(serve):
+    said = {**ASK, "messages": [{"role": "user", "content": "token hf_x in a prompt"}]}
+    logged = {}
+    for flag in (True, None):
+        port, proc = serve(log_requests=flag) if flag else serve()
+        http(port, "/v1/chat/completions", said)
+        logged[flag] = stop(proc)
+    assert "Receive: obj=GenerateReqInput(" in logged[True] and "token hf_x in a prompt" in logged[True]
+    assert "token hf_x in a prompt" not in logged[None]
+
+
 def test_api_key_is_required_when_set(serve):
     port, _ = serve(api_key="sk-local-test")
     assert http(port, "/v1/models")[0] == 401
@@ -274,6 +413,85 @@ def test_ranks_with_different_arguments_refuse_to_form_a_group(model_dir):
         stop(worker)
 
 
+# --- multi-node init over real sockets: TCPStore, Gloo, NCCL, the broadcast queue -----------
+
+
+def group(model_dir, root, head_env=None, worker_env=None, start=("worker", "head")):
+    """Start a TP=2 pair on this machine; returns {name: Popen} and the head's HTTP port."""
+    port, dist = free_port(), free_port()
+    procs = {}
+    for name in start:
+        rank = 0 if name == "head" else 1
+        procs[name] = start_server(server_args(model_dir, port if rank == 0 else free_port(), nnodes=2, rank=rank,
+                                               dist_port=dist),
+                                   head_env if rank == 0 else worker_env, root)
+    return procs, port
+
+
+def outputs(procs, timeout=30):
+    return {name: (proc.wait(timeout=timeout), proc.stdout.read()) for name, proc in procs.items()}
+
+
+GLOO_TIMEOUT = "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+
+
+def test_gloo_on_a_missing_interface_fails_that_rank_and_times_out_its_peer(tmp_path, model_dir):
+    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), worker_env={"GLOO_SOCKET_IFNAME": "spk-none0"})
+    out = outputs(procs)
+    assert out["worker"][0] == 1
+    assert ("RuntimeError: [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] ifa != nullptr. "
+            "Unable to find address for: spk-none0") in out["worker"][1]
+    assert out["head"][0] == 1 and GLOO_TIMEOUT in out["head"][1]
+    assert out["head"][1].index("Init torch distributed begin.") < out["head"][1].index(GLOO_TIMEOUT)
+
+
+def test_nccl_on_a_missing_interface_is_invalid_usage_and_says_why_with_nccl_debug(tmp_path, model_dir):
+    root = knob_root(tmp_path, {"rendezvous_timeout": 1})
+    for debug in ("", "WARN"):
+        procs, _ = group(model_dir, root, worker_env={"NCCL_SOCKET_IFNAME": "spk-none", "NCCL_DEBUG": debug})
+        out = outputs(procs)
+        assert out["worker"][0] == 1
+        assert "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)" in out["worker"][1]
+        assert ("NCCL WARN Bootstrap : no socket interface found" in out["worker"][1]) is bool(debug)
+        assert out["head"][0] == 1
+
+
+def test_a_worker_that_cannot_reach_the_dist_init_addr_times_out_like_torch(tmp_path, model_dir):
+    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), start=("worker",))
+    (rc, out), = outputs(procs).values()
+    assert rc == 1
+    assert "[c10d] The client socket has failed to connect to [127.0.0.1]:" in out and "Connection refused" in out
+    assert "torch.distributed.DistNetworkError: The client socket has timed out after 1000ms while trying to connect " \
+           "to (127.0.0.1, " in out
+
+
+def test_rank0_alone_times_out_waiting_for_clients(tmp_path, model_dir):
+    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), start=("head",))
+    (rc, out), = outputs(procs).values()
+    assert rc == 1
+    assert "torch.distributed.DistStoreError: Timed out after 2 seconds waiting for clients. 1/2 clients joined." in out
+
+
+@pytest.mark.parametrize("host_ip", ["192.0.2.1", None], ids=["unreachable SGLANG_HOST_IP", "right SGLANG_HOST_IP"])
+def test_a_wrong_sglang_host_ip_on_rank0_hangs_the_group_after_init(tmp_path, model_dir, host_ip):
+    procs, port = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}),
+                        head_env={"SGLANG_HOST_IP": host_ip} if host_ip else None)
+    try:
+        if host_ip is None:
+            wait_ready(port, procs["head"])
+            return
+        # Well past the 1 s rendezvous timeout: nothing failed, nothing serves, nothing is logged.
+        time.sleep(3)
+        assert procs["head"].poll() is None and procs["worker"].poll() is None
+        with pytest.raises(OSError):
+            http(port, "/health")
+    finally:
+        out = {name: stop(proc) for name, proc in procs.items()}
+    for text in out.values():
+        assert "Init torch distributed begin." in text and "Init torch distributed ends" not in text
+        assert "Error" not in text
+
+
 # --- the docker stand-in ------------------------------------------------------
 
 
@@ -283,7 +501,7 @@ def node_root(tmp_path, name, knobs=None):
     (root / "usr/lib/spark-sim").mkdir(parents=True)
     (root / "dev").mkdir()
     shutil.copy2(SERVER, root / "usr/lib/spark-sim/sglang_server.py")
-    (root / "etc/spark-sim/node.json").write_text(json.dumps(knobs or {}))
+    (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1}, **(knobs or {})}))
     return root
 
 
@@ -395,8 +613,86 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
         assert models["data"][0]["id"] == "/models/glm53"
         assert "sk-env-only" not in " ".join(cmd)
         assert "MAMBA component" in docker(root, "logs", "sglang").stdout
+        # The roles' own query: the running container's image, by an anchored name filter.
+        assert docker(root, "ps", "--filter", "name=^sglang$", "--format", "{{.Image}}").stdout.strip() == IMAGE
+        assert docker(root, "ps", "--filter", "name=^sglan$", "-q").stdout.strip() == ""
+        state = json.loads(docker(root, "inspect", "sglang").stdout)[0]
+        image_id = docker(root, "image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+        assert (state["Name"], state["Image"], state["Config"]["Image"]) == ("/sglang", image_id, IMAGE)
+        assert state["State"]["Status"] == "running" and state["State"]["Running"] is True
+        assert state["State"]["Pid"] > 0
+        assert state["HostConfig"]["Memory"] == 120 * 1024 ** 3 and state["HostConfig"]["AutoRemove"] is True
+        assert {"Source": str(model_dir), "Destination": "/models/glm53", "RW": False}.items() <= \
+            state["Mounts"][0].items()
+        # Like the daemon: the environment given to the container is in its record.
+        assert "SGLANG_API_KEY=sk-env-only" in state["Config"]["Env"]
         assert docker(root, "stop", "--time", "5", "sglang").stdout.strip() == "sglang"
         assert proc.wait(timeout=10) == 143
         assert docker(root, "ps", "-a", "-q").stdout.strip() == ""
+        gone = docker(root, "inspect", "sglang")
+        assert gone.returncode == 1 and gone.stderr.strip() == "Error: No such object: sglang"
     finally:
         stop(proc)
+
+
+def run_rank(root, model_dir, *docker_options, flags=()):
+    """docker run of a serving-size rank on this machine: (exit status, output)."""
+    port = free_port()
+    cmd = [sys.executable, str(DOCKER), "run", "--name", "sglang", "--gpus", "all", *docker_options,
+           "--volume", f"{model_dir}:/models/glm53:ro", IMAGE, "python3", "-m", "sglang.launch_server",
+           *server_args("/models/glm53", port), *flags]
+    proc = subprocess.Popen(cmd, env={**os.environ, **FABRIC_ENV, "SPARK_SIM_ROOT": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, port
+
+
+@pytest.mark.parametrize(("memory", "knobs", "flags"), [
+    ("96g", {}, ()),
+    ("120g", {}, ("--mem-fraction-static", "0.97")),
+    ("120g", {"resident_gib": 130}, ()),
+], ids=["cap below the seed's need", "mem-fraction-static 0.97", "resident_gib knob"])
+def test_a_rank_over_the_containers_memory_is_oom_killed_with_exit_137(tmp_path, model_dir, memory, knobs, flags):
+    root = node_root(tmp_path, "n", {"sglang": {"load_seconds": 0.1, **knobs}} if knobs else None)
+    assert docker(root, "pull", IMAGE).returncode == 0
+    rc, out, _ = run_rank(root, model_dir, "--memory", memory, "--memory-swap", memory, flags=flags)
+    assert rc == 137
+    # Killed while allocating its memory pool: after the weights, before any graph capture; no last words.
+    assert "Load weight end" in out and "Capture cuda graph begin" not in out
+    assert out.rstrip().splitlines()[-1].endswith("mem usage=90.68 GB.")
+    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}} {{.State.Running}} {{.Config.Image}}"
+    assert docker(root, "inspect", "--format", fmt, "sglang").stdout.split() == ["exited", "137", "true", "false", IMAGE]
+    assert docker(root, "container", "inspect", "--format", "{{.HostConfig.Memory}}", "sglang").stdout.strip() == \
+        str(int(memory[:-1]) * 1024 ** 3)
+    ps = docker(root, "ps", "-a", "--format", "{{.Names}}|{{.State}}|{{.Status}}").stdout.strip()
+    assert ps.startswith("sglang|exited|Exited (137) ") and ps.endswith(" ago")
+    assert docker(root, "ps", "-q").stdout.strip() == ""
+    assert docker(root, "rm", "sglang").returncode == 0
+    assert docker(root, "container", "inspect", "sglang").stderr.strip() == \
+        "Error response from daemon: No such container: sglang"
+
+
+def test_a_rank_within_its_memory_is_not_oom_killed(tmp_path, model_dir):
+    root = node_root(tmp_path, "n")
+    assert docker(root, "pull", IMAGE).returncode == 0
+    # A rank that fails for another reason: its exit status is its own, not the OOM killer's.
+    rc, out, _ = run_rank(root, model_dir, "--memory", "120g", flags=("--max-running-requests", "8"))
+    assert rc == 1 and "Hybrid (mamba/linear-attention) state cache is too small" in out
+    fmt = "{{.State.ExitCode}} {{.State.OOMKilled}}"
+    assert docker(root, "inspect", "--format", fmt, "sglang").stdout.split() == ["1", "false"]
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    (["--memory", "lots"], 'invalid argument "lots" for "-m, --memory" flag: invalid size: \'lots\''),
+    (["--memory", "4m"], "Minimum memory limit allowed is 6MB"),
+    (["--memory", "8g", "--memory-swap", "4g"], "Minimum memoryswap limit should be larger than memory limit"),
+])
+def test_run_refuses_bad_memory_limits_like_docker(tmp_path, options, error):
+    root = node_root(tmp_path, "n")
+    docker(root, "pull", IMAGE)
+    r = docker(root, "run", "--rm", *options, IMAGE, "true")
+    assert r.returncode == 125 and error in r.stderr

@@ -3,33 +3,56 @@
 
 Installed by the harness at /usr/lib/spark-sim/sglang_server.py; the docker
 stand-in runs it for the SGLang image. Standard library only (nodes run
-Debian trixie's python3). It reproduces what the tests need to observe:
+Debian trixie's python3). Every failure fingerprint of deployment-facts.md and
+of the doctor's catalogue comes out of it when what causes it on real hardware
+is there, in the order the real server meets it:
 
-- argparse-like parsing: an unknown flag exits 2 with "unrecognized arguments".
-- --model-path must be a local directory with processor_config.json, else the
-  model code's FileNotFoundError (deployment-facts.md: a hub id fails this way).
-- The hybrid (mamba/linear-attention) state cache error from deployment-facts.md
-  when max-running-requests x context-length exceeds STATE_BUDGET request-tokens.
-  STATE_BUDGET is 262144 (= 4 x 65536): the seed's 2 x 65536 starts, 8 x 65536
-  or 2 x 262144 do not. Override with node.json {"sglang": {"state_budget": N}}.
-- No GPU (docker ran without --gpus): "RuntimeError: No CUDA GPUs are available".
-- Multi-node: rank 0 listens on --dist-init-addr and waits until every other
-  rank has connected before it loads and serves; a rank whose peer goes away
-  exits with an NCCL-style error (as a real TP group dies together).
-- HTTP on rank 0 only: /health, /v1/models, /v1/chat/completions with the seed's
-  behaviours: reasoning parser glm45 splits thinking into reasoning_content
-  (content "391"); without it thinking and </think> leak into content; tool
-  calls come back empty (content "", tool_calls null) with parser glm and
-  properly with glm47; --api-key requires "Authorization: Bearer KEY".
-- Log lines like the real server's, including decode lines with
-  `cuda graph: True` and a radix cache with a MAMBA component.
+1. argparse: an unknown flag exits 2 with "unrecognized arguments".
+2. No GPU in the container (docker ran without --gpus): "No CUDA GPUs are available".
+3. A model path that is not a local directory is a hub repo id: the engine asks
+   huggingface_hub for config.json. Nodes have no network, so this fails with
+   huggingface_hub's messages (offline mode, HF_HUB_OFFLINE=1: "outgoing traffic
+   has been disabled"; without it: a connection error to huggingface.co). With
+   the hub reachable (knob), config.json comes down and the model code's open of
+   processor_config.json fails instead, as deployment-facts.md says.
+4. <model-path>/processor_config.json missing: the model code's FileNotFoundError.
+5. Multi-node init, with real sockets on the node's real network: rank 0 listens
+   on --dist-init-addr's port (the TCPStore), workers connect to it; then Gloo
+   binds to GLOO_SOCKET_IFNAME's address and the ranks connect to each other,
+   NCCL bootstraps on NCCL_SOCKET_IFNAME, and rank 0 advertises SGLANG_HOST_IP
+   for its broadcast queue. A missing interface, a missing route or address, a
+   firewall or a wrong SGLANG_HOST_IP produce what torch.distributed, Gloo and
+   NCCL print (timeouts after the rendezvous timeout), or the endless wait after
+   "Init torch distributed begin" (a wrong or missing SGLANG_HOST_IP).
+6. Weights and memory pool charged to the container's memory cgroup (the docker
+   stand-in's --memory): over the limit the kernel kills the rank (SIGKILL, so
+   docker run exits 137 and the container is OOMKilled).
+7. The hybrid state cache error when max-running-requests x context-length
+   exceeds the state budget.
+8. The TileLang DSA kernels' shared memory at cuda graph capture: the default
+   tile asks for 169984 bytes, a GB10 (sm_121) allows 101376. A speculative-
+   decoding drafter (--speculative-algorithm) captures its verify shapes too.
+9. HTTP on rank 0 only: /health, /v1/models, /v1/chat/completions with the
+   seed's behaviours (reasoning parser glm45 splits thinking into
+   reasoning_content; without it thinking and </think> leak into content; tool
+   calls come back empty with parser glm, as tool_calls with glm47), --api-key,
+   --log-requests; a KV cache other than bfloat16 under the TileLang DSA kernels
+   garbles output (U+FFFD where multi-byte characters were).
+
+Knobs: section "sglang" of /etc/spark-sim/node.json (tests/standins/README.md),
+section "gpu" key "compute_cap" for the shared-memory limit.
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
+import re
+import select
+import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -37,21 +60,50 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KNOBS = os.environ.get("SPARK_SIM_ROOT", "") + "/etc/spark-sim/node.json"
-STATE_BUDGET = 4 * 65536
+DEFAULTS = {
+    "state_budget": 4 * 65536,
+    "rendezvous_timeout": None,
+    "load_seconds": 1.0,
+    "tilelang_tile": "gb10",
+    "tilelang_verify_tile": "default",
+    "resident_gib": None,
+    "output_corruption": [],
+    "hub_reachable": False,
+}
 HYBRID_ERROR = (
     "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
     "max_mamba_cache_size=1, mamba_ratio=5, resulting max_num_reqs=0."
 )
 REASONING = "17 × 23 = 17 × 20 + 17 × 3 = 340 + 51 = 391"
 ANSWER = "391"
+# Dynamic shared memory per block the DSA TileLang kernels ask for, per tile.
+TILE_SMEM = {"default": 169984, "gb10": 57344}
+# shared_memory_per_block_optin by compute capability (GB10 is 12.1).
+SMEM_OPTIN = {"12.1": 101376, "12.0": 101376, "8.9": 101376, "8.6": 101376, "8.0": 166912, "9.0": 232448,
+              "10.0": 232448, "10.3": 232448}
+# GB10 memory as torch sees it, and what one rank's weights take of it.
+GPU_TOTAL_GIB = 119.7
+WEIGHTS_GIB = 84.45
+RUNTIME_GIB = 4.0
+GIB = 1024 ** 3
+KV_DTYPES_OK = ("auto", "bfloat16", "bf16")
+CORRUPTIONS = ("fffd", "wrong-answer", "bad-tool-args")
+GLOO_PAIR = "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+SGLANG_SRC = "/sgl-workspace/sglang/python/sglang/srt"
 
 
 def knobs():
     try:
         with open(KNOBS) as f:
-            return json.load(f).get("sglang", {})
+            data = json.load(f)
     except FileNotFoundError:
-        return {}
+        data = {}
+    out = dict(DEFAULTS)
+    out.update(data.get("sglang", {}))
+    out["compute_cap"] = str(data.get("gpu", {}).get("compute_cap", "12.1"))
+    corruption = out["output_corruption"] or []
+    out["output_corruption"] = [corruption] if isinstance(corruption, str) else list(corruption)
+    return out
 
 
 def log(message, rank=None):
@@ -61,22 +113,66 @@ def log(message, rank=None):
     sys.stdout.flush()
 
 
-def fail(exc_line, rank=None):
-    """Die like an uncaught exception in the scheduler does."""
-    sys.stdout.write("Traceback (most recent call last):\n"
-                     '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2961, in '
-                     "run_scheduler_process\n    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, "
-                     "moe_ep_rank, pp_rank, dp_rank)\n")
-    sys.stdout.write(exc_line + "\n")
+def raw(text):
+    sys.stdout.write(text.rstrip("\n") + "\n")
     sys.stdout.flush()
-    log("Received sigquit from a child process. It usually means the child failed.", rank)
+
+
+def c10d(level, source, message):
+    """A line of torch's c10d logger: [W1129 10:03:05.123456789 socket.cpp:759] [c10d] ..."""
+    now = time.time()
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1e9):09d}"
+    raw(f"[{level}{stamp} {source}] [c10d] {message}")
+
+
+def nccl_debug(level, message):
+    """NCCL prints its INFO/WARN lines only when NCCL_DEBUG asks for them."""
+    wanted = os.environ.get("NCCL_DEBUG", "").upper()
+    if wanted == "INFO" or (wanted in ("WARN", "TRACE") and level == "WARN") or wanted == "TRACE":
+        raw(f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()} [0] {message}")
+
+
+def fail(exc_line, rank=None, where="scheduler"):
+    """Die like an uncaught exception in the scheduler does."""
+    frames = {
+        "scheduler": f'  File "{SGLANG_SRC}/managers/scheduler.py", line 2961, in run_scheduler_process\n'
+                     "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)\n",
+        "launcher": f'  File "{SGLANG_SRC}/server_args.py", line 4182, in prepare_server_args\n'
+                    "    server_args = ServerArgs.from_cli_args(raw_args)\n",
+    }
+    raw("Traceback (most recent call last):\n" + frames[where].rstrip("\n"))
+    raw(exc_line)
+    if where == "scheduler":
+        log("Received sigquit from a child process. It usually means the child failed.", rank)
     sys.exit(1)
+
+
+# Every flag the sglang_server role accepts is a real launch_server flag: argparse knows them all.
+VALUE_FLAGS = [
+    "--tokenizer-path", "--tokenizer-mode", "--load-format", "--dtype", "--quantization", "--revision",
+    "--attention-backend", "--dsa-prefill-backend", "--dsa-decode-backend", "--served-model-name", "--chat-template",
+    "--log-level", "--schedule-policy", "--grammar-backend", "--mamba-ssm-dtype", "--speculative-algorithm",
+    "--speculative-draft-model-path", "--json-model-override-args", "--sampling-defaults", "--download-dir",
+    "--admin-api-key",
+]
+INT_FLAGS = [
+    "--max-total-tokens", "--max-prefill-tokens", "--chunked-prefill-size", "--page-size", "--stream-interval",
+    "--random-seed", "--decode-log-interval", "--cuda-graph-max-bs", "--torch-compile-max-bs", "--dp-size",
+    "--ep-size", "--max-mamba-cache-size", "--speculative-num-steps", "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens", "--nccl-port", "--dist-timeout", "--base-gpu-id", "--gpu-id-step",
+]
+FLOAT_FLAGS = ["--schedule-conservativeness", "--watchdog-timeout", "--mamba-full-memory-ratio"]
+SWITCHES = [
+    "--skip-tokenizer-init", "--stream-output", "--log-requests", "--enable-metrics", "--enable-cache-report",
+    "--show-time-cost", "--disable-radix-cache", "--disable-cuda-graph", "--disable-cuda-graph-padding",
+    "--enable-torch-compile", "--disable-custom-all-reduce", "--enable-mixed-chunk", "--enable-dp-attention",
+    "--enable-ep-moe", "--enable-multimodal",
+]
 
 
 def parser():
     p = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=True)
     p.add_argument("--model-path", "--model", required=True)
-    p.add_argument("--tokenizer-path")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
     p.add_argument("--nnodes", type=int, default=1)
@@ -84,9 +180,6 @@ def parser():
     p.add_argument("--dist-init-addr", "--nccl-init-addr")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--attention-backend")
-    p.add_argument("--dsa-prefill-backend")
-    p.add_argument("--dsa-decode-backend")
     p.add_argument("--moe-runner-backend", default="auto")
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--disable-shared-experts-fusion", action="store_true")
@@ -95,20 +188,17 @@ def parser():
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--served-model-name")
     p.add_argument("--api-key")
-    p.add_argument("--enable-metrics", action="store_true")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--log-requests", action="store_true")
-    p.add_argument("--chunked-prefill-size", type=int)
-    p.add_argument("--cuda-graph-max-bs", type=int)
-    p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--watchdog-timeout", type=float)
-    p.add_argument("--dist-timeout", type=int)
-    p.add_argument("--chat-template")
-    p.add_argument("--page-size", type=int)
-    p.add_argument("--random-seed", type=int)
+    p.add_argument("--log-requests-level", type=int, default=2)
+    p.add_argument("--cuda-graph-bs", type=int, nargs="+")
+    for flag in VALUE_FLAGS:
+        p.add_argument(flag)
+    for flag in INT_FLAGS:
+        p.add_argument(flag, type=int)
+    for flag in FLOAT_FLAGS:
+        p.add_argument(flag, type=float)
+    for flag in SWITCHES:
+        p.add_argument(flag, action="store_true")
     return p
 
 
@@ -129,30 +219,142 @@ def container_path(path):
     return path
 
 
-def check_model(args):
-    """The GLM-5.3 model code opens processor_config.json by path, before any weights."""
+# --- the model path: a local directory, else the hub ------------------------------
+
+
+def truthy(value):
+    return str(value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def processor_config_missing(path):
+    raw("Traceback (most recent call last):\n"
+        f'  File "{SGLANG_SRC}/models/glm5_next.py", line 418, in load_processor_config\n'
+        '    with open(os.path.join(model_path, "processor_config.json")) as f:')
+    raw(f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'")
+    sys.exit(1)
+
+
+HUB_LIB = "/usr/local/lib/python3.12/dist-packages"
+CAUSE = "\nThe above exception was the direct cause of the following exception:\n"
+
+
+def exception(frame, exc_line):
+    """One link of a chained traceback."""
+    raw(f"Traceback (most recent call last):\n{frame}")
+    raw(exc_line)
+    raw(CAUSE)
+
+
+def hub_config(args, k):
+    """ServerArgs reads the model's config.json; a path that is not a directory goes to the hub."""
+    repo = container_path(args.model_path)
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    offline_doc = "'https://huggingface.co/docs/transformers/installation#offline-mode'."
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", repo) or ".." in repo:
+        exception(f'  File "{HUB_LIB}/huggingface_hub/utils/_validators.py", line 154, in validate_repo_id',
+                  "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+                  f"'namespace/repo_name': '{repo}'. Use `repo_type` argument if needed.")
+        fail(f"OSError: Incorrect path_or_model_id: '{repo}'. Please provide either the path to a local folder or "
+             "the repo_id of a model on the Hub.", where="launcher")
+    if truthy(os.environ.get("HF_HUB_OFFLINE")) or truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
+        exception(f'  File "{HUB_LIB}/transformers/utils/hub.py", line 479, in cached_files\n    hf_hub_download(',
+                  "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache "
+                  "and outgoing traffic has been disabled. To enable hf.co look-ups and downloads online, set "
+                  "'local_files_only' to False.")
+        fail(f"OSError: We couldn't connect to '{endpoint}' to load the files, and couldn't find them in the cached "
+             f"files.\nCheck your internet connection or see how to run the library in offline mode at {offline_doc}",
+             where="launcher")
+    if not k["hub_reachable"]:
+        # The nodes have no network: the name does not even resolve.
+        host = endpoint.split("://", 1)[-1].split("/", 1)[0]
+        port = 443 if endpoint.startswith("https") else 80
+        exception(f'  File "{HUB_LIB}/urllib3/connection.py", line 198, in _new_conn\n'
+                  "    sock = connection.create_connection(",
+                  "socket.gaierror: [Errno -3] Temporary failure in name resolution")
+        exception(f'  File "{HUB_LIB}/huggingface_hub/file_download.py", line 1546, in _get_metadata_or_catch_error',
+                  f"requests.exceptions.ConnectionError: (MaxRetryError(\"HTTPSConnectionPool(host='{host}', "
+                  f"port={port}): Max retries exceeded with url: /{repo}/resolve/main/config.json (Caused by "
+                  "NameResolutionError(\\\"<urllib3.connection.HTTPSConnection object at 0x7f3a5c2b1f10>: Failed to "
+                  f"resolve '{host}' ([Errno -3] Temporary failure in name resolution)\\\"))\"), "
+                  "'(Request ID: 6f1c2a74-93e4-4bd5-a3a1-0b6f0c1d9e2a)')")
+        exception(f'  File "{HUB_LIB}/transformers/utils/hub.py", line 479, in cached_files\n    hf_hub_download(',
+                  "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file "
+                  "on the Hub and we cannot find the requested files in the local cache. Please check your connection "
+                  "and try again or make sure your Internet connection is on.")
+        fail(f"OSError: We couldn't connect to '{endpoint}' to load this file, couldn't find it in the cached files "
+             f"and it looks like {repo} is not the path to a directory containing a file named config.json.\n"
+             f"Checkout your internet connection or see how to run the library in offline mode at {offline_doc}",
+             where="launcher")
+    # The hub answers: config.json comes down, then the model code opens processor_config.json by path.
+    raw("config.json: 100%|██████████| 6.12k/6.12k [00:00<00:00, 21.3MB/s]")
+    processor_config_missing(os.path.join(repo, "processor_config.json"))
+
+
+def check_model(args, k):
+    """ServerArgs reads the config (a non-directory goes to the hub); the GLM-5.3 code opens processor_config.json."""
+    if not os.path.isdir(args.model_path):
+        hub_config(args, k)
     path = os.path.join(args.model_path, "processor_config.json")
     if not os.path.isfile(path):
-        path = container_path(path)
-        sys.stdout.write("Traceback (most recent call last):\n"
-                         '  File "/sgl-workspace/sglang/python/sglang/srt/models/glm5_next.py", line 418, in '
-                         "load_processor_config\n    with open(os.path.join(model_path, \"processor_config.json\")) "
-                         "as f:\n")
-        sys.stdout.write(f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'\n")
-        sys.stdout.flush()
-        sys.exit(1)
+        processor_config_missing(container_path(path))
 
 
-def check_state_cache(args, rank):
-    budget = int(knobs().get("state_budget", STATE_BUDGET))
-    reqs = args.max_running_requests or 48
-    context = args.context_length or 1048576
-    if reqs * context > budget:
-        log(f"Hybrid state cache: {reqs} requests x {context} tokens > {budget} request-tokens", rank)
-        fail(HYBRID_ERROR, rank)
+# --- network helpers ---------------------------------------------------------------
 
 
-# --- rendezvous over --dist-init-addr --------------------------------------
+SIOCGIFADDR = 0x8915
+
+
+def interface_address(name):
+    """The IPv4 address of an interface, None if it does not exist or has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def source_address(host):
+    """The address this node leaves through towards host (the kernel's route choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+        except OSError:
+            return None
+
+
+def nccl_address(spec, towards):
+    """NCCL_SOCKET_IFNAME: comma-separated prefixes, =name exact, ^name excluded; unset: the route's choice."""
+    entries = [e for e in (spec or "").split(",") if e]
+    wanted = [e for e in entries if not e.startswith("^")]
+    if not wanted:
+        addr = source_address(towards)
+        excluded = [e[1:].lstrip("=") for e in entries if e.startswith("^")]
+        names = [n for _, n in socket.if_nameindex() if interface_address(n) == addr]
+        return None if addr and any(n.startswith(x) for n in names for x in excluded) else addr or "127.0.0.1"
+    for _, name in socket.if_nameindex():
+        for entry in wanted:
+            exact = entry.startswith("=")
+            if (name == entry[1:]) if exact else name.startswith(entry):
+                addr = interface_address(name)
+                if addr:
+                    return addr
+    return None
+
+
+def get_ip():
+    """SGLang's get_ip(): SGLANG_HOST_IP / HOST_IP, else the route towards 8.8.8.8, else 0.0.0.0."""
+    ip = os.environ.get("SGLANG_HOST_IP") or os.environ.get("HOST_IP")
+    if ip:
+        return ip
+    ip = source_address("8.8.8.8")
+    if ip:
+        return ip
+    raw(f"{SGLANG_SRC}/utils/common.py:2034: UserWarning: Failed to get the IP address, using 0.0.0.0 by default."
+        "The value can be set by the environment variable SGLANG_HOST_IP or HOST_IP.\n  warnings.warn(")
+    return "0.0.0.0"
 
 
 def split_addr(addr):
@@ -166,67 +368,284 @@ def fingerprint(args):
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def rendezvous_head(args, timeout):
-    host, port = split_addr(args.dist_init_addr)
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((host, port))
-    server.listen(16)
-    server.settimeout(1.0)
-    log(f"Rank 0 waiting for {args.nnodes - 1} other rank(s) at {args.dist_init_addr}", 0)
-    peers = {}
-    deadline = time.monotonic() + timeout
-    mine = fingerprint(args)
-    while len(peers) < args.nnodes - 1:
-        if time.monotonic() > deadline:
-            fail(f"torch.distributed.DistStoreError: Timed out after {timeout} seconds waiting for clients. "
-                 f"{len(peers) + 1}/{args.nnodes} clients joined.", 0)
+def send(conn, payload):
+    conn.sendall((json.dumps(payload) + "\n").encode())
+
+
+class Lines:
+    """Newline-delimited JSON over a socket, with deadlines."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.buf = b""
+
+    def read(self, deadline):
+        """The next message; None at the deadline; raises EOFError when the peer is gone."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic() if deadline else None
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([self.conn], [], [], left)
+            if not ready:
+                return None
+            try:
+                chunk = self.conn.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+
+# --- multi-node init: TCPStore, Gloo, NCCL, the broadcast queue ----------------------
+
+
+class Group:
+    def __init__(self, args, timeout):
+        self.args = args
+        self.rank = args.node_rank
+        self.timeout = timeout
+        self.host, self.port = split_addr(args.dist_init_addr)
+        self.peers = {}  # rank -> Lines, rank 0 holds one per worker, workers one to rank 0
+        self.keep = []  # sockets a real group keeps open (Gloo pairs, NCCL rings)
+
+    # The TCPStore on rank 0 (listening on every address, as torch's TCPStore server does).
+
+    def store_server(self):
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
+            server.bind(("", self.port))
+        except OSError as err:
+            fail("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                 f"address. port: {self.port}, useIpv6: 0, code: -{err.errno}, name: "
+                 f"{'EADDRINUSE' if err.errno == 98 else 'EACCES'}, message: {err.strerror.lower()}", 0)
+        server.listen(16)
+        log(f"Rank 0 waiting for {self.args.nnodes - 1} other rank(s) at {self.args.dist_init_addr}", 0)
+        deadline = time.monotonic() + self.timeout
+        mine = fingerprint(self.args)
+        while len(self.peers) < self.args.nnodes - 1:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([server], [], [], left)[0]:
+                fail(f"torch.distributed.DistStoreError: Timed out after {int(self.timeout) + 1} seconds waiting for "
+                     f"clients. {len(self.peers) + 1}/{self.args.nnodes} clients joined.", 0)
             conn, addr = server.accept()
-        except TimeoutError:
-            continue
-        conn.settimeout(10)
-        try:
-            hello = json.loads(conn.makefile().readline())
-        except (OSError, ValueError):
-            conn.close()
-            continue
-        rank = hello.get("rank")
-        if hello.get("fingerprint") != mine:
-            conn.sendall(b'{"ok": false}\n')
-            fail(f"RuntimeError: rank {rank} at {addr[0]} was launched with different server arguments "
-                 f"(fingerprint {hello.get('fingerprint')} != {mine}); all ranks must run the same arguments.", 0)
-        if not isinstance(rank, int) or not 0 < rank < args.nnodes or rank in peers:
-            conn.sendall(b'{"ok": false}\n')
-            fail(f"RuntimeError: invalid or duplicate node rank {rank} from {addr[0]}", 0)
-        peers[rank] = conn
-        log(f"Rank {rank} joined from {addr[0]}", 0)
-    for conn in peers.values():
-        conn.sendall(b'{"ok": true}\n')
+            lines = Lines(conn)
+            try:
+                hello = lines.read(time.monotonic() + 10)
+            except (EOFError, ValueError):
+                hello = None
+            if not isinstance(hello, dict):
+                conn.close()
+                continue
+            rank = hello.get("rank")
+            if hello.get("fingerprint") != mine:
+                send(conn, {"ok": False})
+                fail(f"RuntimeError: rank {rank} at {addr[0]} was launched with different server arguments "
+                     f"(fingerprint {hello.get('fingerprint')} != {mine}); all ranks must run the same arguments.", 0)
+            if not isinstance(rank, int) or not 0 < rank < self.args.nnodes or rank in self.peers:
+                send(conn, {"ok": False})
+                fail(f"RuntimeError: invalid or duplicate node rank {rank} from {addr[0]}", 0)
+            self.peers[rank] = lines
+            log(f"Rank {rank} joined from {addr[0]}", 0)
+        for lines in self.peers.values():
+            send(lines.conn, {"ok": True})
+        server.close()
+
+    def store_client(self):
+        deadline = time.monotonic() + self.timeout
+        log(f"Rank {self.rank} connecting to {self.args.dist_init_addr}", self.rank)
+        seen = set()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ms = int(self.timeout * 1000)
+                c10d("E", "socket.cpp:1023", f"The client socket has timed out after {ms}ms while trying to connect "
+                     f"to ({self.host}, {self.port}).")
+                fail(f"torch.distributed.DistNetworkError: The client socket has timed out after {ms}ms while trying "
+                     f"to connect to ({self.host}, {self.port}).", self.rank)
+            try:
+                conn = socket.create_connection((self.host, self.port), timeout=min(5.0, left))
+                break
+            except OSError as err:
+                code = err.errno or 110
+                if code not in seen:
+                    seen.add(code)
+                    reason = os.strerror(code) if err.errno else "Connection timed out"
+                    c10d("W", "socket.cpp:759", f"The client socket has failed to connect to [{self.host}]:{self.port} "
+                         f"(errno: {code} - {reason}).")
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         conn.settimeout(None)
-    server.close()
-    return list(peers.values())
-
-
-def rendezvous_worker(args, timeout):
-    host, port = split_addr(args.dist_init_addr)
-    deadline = time.monotonic() + timeout
-    log(f"Rank {args.node_rank} connecting to {args.dist_init_addr}", args.node_rank)
-    while True:
+        lines = Lines(conn)
+        send(conn, {"rank": self.rank, "fingerprint": fingerprint(self.args)})
         try:
-            conn = socket.create_connection((host, port), timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                fail(f"torch.distributed.DistNetworkError: The client socket has timed out after {timeout}s while "
-                     f"trying to connect to ({host}, {port}).", args.node_rank)
-            time.sleep(0.5)
-    conn.sendall((json.dumps({"rank": args.node_rank, "fingerprint": fingerprint(args)}) + "\n").encode())
-    answer = json.loads(conn.makefile().readline() or '{"ok": false}')
-    if not answer.get("ok"):
-        fail("RuntimeError: rank 0 refused this rank", args.node_rank)
-    conn.settimeout(None)
-    return [conn]
+            answer = lines.read(time.monotonic() + self.timeout)
+        except (EOFError, ValueError):
+            answer = None
+        if not answer or not answer.get("ok"):
+            fail("RuntimeError: rank 0 refused this rank", self.rank)
+        self.peers[0] = lines
+
+    # Keys through the store: every rank publishes a value, every rank gets the table.
+
+    def exchange(self, key, value, on_timeout):
+        deadline = time.monotonic() + self.timeout
+        if self.rank != 0:
+            send(self.peers[0].conn, {"key": key, "value": value})
+            try:
+                msg = self.peers[0].read(deadline)
+            except EOFError:
+                fail("torch.distributed.DistNetworkError: failed to recv, got 0 bytes", self.rank)
+            if msg is None:
+                fail(on_timeout, self.rank)
+            return {int(r): v for r, v in msg["table"].items()}
+        table = {0: value}
+        waiting = dict(self.peers)
+        while waiting:
+            left = deadline - time.monotonic()
+            live = {lines.conn: r for r, lines in waiting.items() if lines.conn.fileno() >= 0}
+            if left <= 0:
+                fail(on_timeout, 0)
+            if not live:
+                # A store does not notice a client that went away: its key just never comes.
+                time.sleep(min(left, 0.5))
+                continue
+            ready, _, _ = select.select(list(live), [], [], left)
+            for conn in ready:
+                rank = live[conn]
+                try:
+                    msg = waiting[rank].read(deadline)
+                except EOFError:
+                    conn.close()
+                    continue
+                if msg and msg.get("key") == key:
+                    table[rank] = msg["value"]
+                    del waiting[rank]
+        for lines in self.peers.values():
+            send(lines.conn, {"key": key, "table": table})
+        return table
+
+    def mesh(self, table, listener, on_timeout):
+        """Every pair connects once: the lower rank dials the higher one's listener."""
+        deadline = time.monotonic() + self.timeout
+        for peer in sorted(table):
+            if peer <= self.rank:
+                continue
+            host, port = table[peer]
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    fail(on_timeout, self.rank)
+                try:
+                    self.keep.append(socket.create_connection((host, port), timeout=min(5.0, left)))
+                    break
+                except OSError:
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        for _ in [p for p in table if p < self.rank]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([listener], [], [], left)[0]:
+                fail(on_timeout, self.rank)
+            self.keep.append(listener.accept()[0])
+
+    def gloo(self):
+        """The CPU group: Gloo binds to GLOO_SOCKET_IFNAME's address (or the hostname's)."""
+        ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+        if ifname:
+            addr = interface_address(ifname)
+            if addr is None:
+                fail("RuntimeError: [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
+                     f"ifa != nullptr. Unable to find address for: {ifname}", self.rank)
+        else:
+            try:
+                addr = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                c10d("W", "ProcessGroupGloo.cpp:721", "Warning: Unable to resolve hostname to a (local) address. Using "
+                     "the loopback address as fallback. Manually set the network interface to bind to with "
+                     "GLOO_SOCKET_IFNAME. (function operator())")
+                addr = "127.0.0.1"
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((addr, 0))
+        listener.listen(16)
+        message = f"Gloo connectFullMesh failed with {GLOO_PAIR}"
+        on_timeout = f"RuntimeError: {message}"
+        table = self.exchange("gloo", [addr, listener.getsockname()[1]], on_timeout)
+        self.mesh(table, listener, on_timeout)
+        listener.close()
+
+    def nccl(self):
+        """pynccl: rank 0's bootstrap address travels in the unique id; NCCL_SOCKET_IFNAME picks the interface."""
+        ifname = os.environ.get("NCCL_SOCKET_IFNAME")
+        if ifname:
+            nccl_debug("INFO", f"NCCL INFO NCCL_SOCKET_IFNAME set by environment to {ifname}")
+        addr = nccl_address(ifname, self.host)
+        if addr is None:
+            nccl_debug("WARN", "bootstrap.cc:45 NCCL WARN Bootstrap : no socket interface found")
+            nccl_debug("INFO", "NCCL INFO init.cc:82 -> 5")
+            fail("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)", self.rank)
+        nccl_debug("INFO", f"NCCL INFO Bootstrap : Using {ifname or 'auto'}:{addr}<0>")
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((addr, 0))
+        listener.listen(16)
+        table = self.exchange("nccl", [addr, listener.getsockname()[1]],
+                              "RuntimeError: NCCL error: remote process exited or there was a network error")
+        root = table[0]
+        deadline = time.monotonic() + self.timeout
+        if self.rank == 0:
+            for _ in range(len(table) - 1):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([listener], [], [], left)[0]:
+                    fail("RuntimeError: NCCL error: remote process exited or there was a network error", 0)
+                self.keep.append(listener.accept()[0])
+        else:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    nccl_debug("WARN", f"socket.cc:484 NCCL WARN socketStartConnect: Connect to {root[0]}<{root[1]}> "
+                               "failed : Connection timed out")
+                    fail("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+                         self.rank)
+                try:
+                    self.keep.append(socket.create_connection(tuple(root), timeout=min(5.0, left)))
+                    break
+                except OSError:
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        listener.close()
+
+    def broadcast_queue(self):
+        """Rank 0's shm_broadcast writer advertises get_ip(); readers on other nodes dial it and wait, forever."""
+        if self.rank == 0:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("", 0))
+            listener.listen(16)
+            self.exchange("shm_broadcast", [get_ip(), listener.getsockname()[1]],
+                          "RuntimeError: NCCL error: remote process exited or there was a network error")
+            # wait_until_ready: no timeout, like the real MessageQueue.
+            for _ in range(len(self.peers)):
+                self.keep.append(listener.accept()[0])
+            listener.close()
+            return
+        table = self.exchange("shm_broadcast", None,
+                              "RuntimeError: NCCL error: remote process exited or there was a network error")
+        host, port = table[0]
+        while True:  # ZMQ keeps dialling: a wrong address is an endless wait, not an error.
+            try:
+                self.keep.append(socket.create_connection((host, port), timeout=5))
+                return
+            except OSError:
+                time.sleep(0.5)
+
+    def init(self):
+        if self.rank == 0:
+            self.store_server()
+        else:
+            self.store_client()
+        self.gloo()
+        self.nccl()
+        self.broadcast_queue()
+        return [lines.conn for lines in self.peers.values()]
 
 
 def watch_peers(conns, rank):
@@ -238,29 +657,147 @@ def watch_peers(conns, rank):
         except OSError:
             pass
         log("[NCCL] Connection closed by remote peer; NCCL communicator was aborted", rank)
-        sys.stdout.write("RuntimeError: NCCL error: remote process exited or there was a network error\n")
-        sys.stdout.flush()
+        raw("RuntimeError: NCCL error: remote process exited or there was a network error")
         os._exit(1)
 
     for conn in conns:
         threading.Thread(target=watch, args=(conn,), daemon=True).start()
 
 
+# --- memory: charged to the container's cgroup ---------------------------------------
+
+
+def cgroup_file(name):
+    folder = os.environ.get("SPARK_SIM_CGROUP")
+    return os.path.join(folder, name) if folder else None
+
+
+def charge(gib, rank):
+    """The rank now holds gib of the container's memory; over memory.max the kernel kills it."""
+    current = cgroup_file("memory.current")
+    if current is None:
+        return
+    used = int(gib * GIB)
+    with open(current, "w") as f:
+        f.write(f"{used}\n")
+    try:
+        with open(cgroup_file("memory.max")) as f:
+            limit = f.read().strip()
+    except FileNotFoundError:
+        return
+    if limit != "max" and used > int(limit):
+        with open(cgroup_file("memory.events"), "w") as f:
+            f.write("low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resident_gib(args, k):
+    if k["resident_gib"] is not None:
+        return float(k["resident_gib"])
+    return (args.mem_fraction_static or 0.84) * GPU_TOTAL_GIB + RUNTIME_GIB
+
+
+def check_state_cache(args, rank, k):
+    budget = int(k["state_budget"])
+    reqs = args.max_running_requests or 48
+    context = args.context_length or 1048576
+    if reqs * context > budget:
+        log(f"Hybrid state cache: {reqs} requests x {context} tokens > {budget} request-tokens", rank)
+        fail(HYBRID_ERROR, rank)
+
+
+# --- cuda graphs and the TileLang DSA kernels ------------------------------------------
+
+
+def tilelang_in_use(args):
+    return "tilelang" in (args.dsa_prefill_backend, args.dsa_decode_backend)
+
+
+def tile_fits(tile, k):
+    limit = SMEM_OPTIN.get(k["compute_cap"], 101376)
+    need = TILE_SMEM.get(tile, TILE_SMEM["default"])
+    return need <= limit, need
+
+
+def smem_error(need):
+    return f"RuntimeError: Failed to set the allowed dynamic shared memory size to {need} with error: invalid argument"
+
+
+def capture_failed(need, rank, what="cuda graph"):
+    fail(f"Exception: Capture {what} failed: {smem_error(need)[len('RuntimeError: '):]}\n"
+         "Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+         "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+         "3. disable torch compile by not using --enable-torch-compile\n"
+         "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+         "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose", rank)
+
+
+def capture(args, rank, k):
+    bs = args.cuda_graph_bs or list(range(1, (args.max_running_requests or 48) + 1))
+    fits, need = tile_fits(k["tilelang_tile"], k)
+    if args.disable_cuda_graph:
+        if tilelang_in_use(args) and not fits:
+            log("Prefill batch. #new-seq: 1, #new-token: 8, #cached-token: 0, token usage: 0.00, #running-req: 0, "
+                "#queue-req: 0", rank)
+            fail(smem_error(need), rank)
+        return
+    log("Capture cuda graph begin. This can take up to several minutes. avail mem=27.10 GB", rank)
+    log(f"Capture cuda graph bs {bs}", rank)
+    if tilelang_in_use(args) and not fits:
+        capture_failed(need, rank)
+    log("Capture cuda graph end. Time elapsed: 2.41 s. mem usage=0.61 GB. avail mem=26.49 GB.", rank)
+    if args.speculative_algorithm:
+        steps = args.speculative_num_draft_tokens or 4
+        log(f"Capture draft cuda graph begin. speculative_algorithm={args.speculative_algorithm}, verify shapes: "
+            f"{steps} tokens per request. avail mem=26.40 GB", rank)
+        fits, need = tile_fits(k["tilelang_verify_tile"], k)
+        if tilelang_in_use(args) and not fits:
+            capture_failed(need, rank, "draft cuda graph")
+        log("Capture draft cuda graph end. Time elapsed: 1.12 s. mem usage=0.30 GB. avail mem=26.10 GB.", rank)
+
+
 # --- HTTP on rank 0 ----------------------------------------------------------
 
 
+def corruptions(args, k):
+    """What garbles the output: a non-bf16 KV cache under the TileLang DSA kernels, or the knob."""
+    found = {c for c in k["output_corruption"] if c in CORRUPTIONS}
+    if tilelang_in_use(args) and args.kv_cache_dtype not in KV_DTYPES_OK:
+        found.add("fffd")
+    return found
+
+
 class Engine:
-    def __init__(self, args):
+    def __init__(self, args, k):
         self.args = args
         self.model_id = args.served_model_name or container_path(args.model_path)
         self.lock = threading.Lock()
         self.total_tokens = 0
+        self.corrupt = corruptions(args, k)
 
     def decode_log(self, tokens):
         with self.lock:
             self.total_tokens += tokens
             log(f"Decode batch. #running-req: 1, #token: {self.total_tokens}, token usage: 0.01, cuda graph: True, "
                 "gen throughput (token/s): 38.41, #queue-req: 0", 0)
+
+    def garble(self, text):
+        """Bytes of multi-byte characters come out broken: U+FFFD in their place."""
+        if "fffd" not in self.corrupt or not isinstance(text, str):
+            return text
+        return "".join("\ufffd" if ord(ch) > 127 else ch for ch in text)
+
+    def request_log(self, rid, body, message):
+        if not self.args.log_requests:
+            return
+        if self.args.log_requests_level >= 2:
+            text = json.dumps(body.get("messages"), ensure_ascii=False)
+            log(f"Receive: obj=GenerateReqInput(rid='{rid}', text={text!r}, sampling_params="
+                f"{{'max_new_tokens': {body.get('max_tokens')}}})", 0)
+            log(f"Finish: obj=GenerateReqInput(rid='{rid}'), out={{'text': {message.get('content')!r}}}", 0)
+        else:
+            log(f"Receive: obj=GenerateReqInput(rid='{rid}')", 0)
 
     def chat(self, body):
         messages = body.get("messages") or []
@@ -272,9 +809,12 @@ class Engine:
             reasoning, answer = REASONING, ANSWER
         else:
             reasoning, answer = f"The user wrote: {prompt[:80]}. A short reply will do.", "OK"
+        if "wrong-answer" in self.corrupt:
+            reasoning, answer = reasoning.replace("391", "394").replace("51", "54"), answer.replace("391", "394")
         reasoning_tokens = len(reasoning.split()) * 3 + 1
         answer_tokens = max(1, len(answer.split()))
         self.decode_log(reasoning_tokens + answer_tokens)
+        reasoning = self.garble(reasoning)
         if self.args.reasoning_parser == "glm45":
             message = {"role": "assistant", "content": answer, "reasoning_content": reasoning, "tool_calls": None}
         else:
@@ -293,16 +833,19 @@ class Engine:
         self.decode_log(24)
         usage = {"prompt_tokens": 64, "completion_tokens": 24, "reasoning_tokens": 0}
         if self.args.tool_call_parser == "glm47":
+            text = json.dumps(arguments, ensure_ascii=False)
+            if "bad-tool-args" in self.corrupt:
+                text = text[:-1]  # the closing brace never came out
             call = {"id": "call_" + hashlib.sha256(name.encode()).hexdigest()[:24], "index": 0, "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+                    "function": {"name": name, "arguments": self.garble(text)}}
             message = {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [call]}
             return message, "tool_calls", usage
         if self.args.tool_call_parser == "glm":
             # The silent failure of deployment-facts.md: success, nothing usable.
             return {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None}, "stop", usage
-        raw = f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>"
-                                             for k, v in arguments.items()) + "</tool_call>"
-        return {"role": "assistant", "content": raw, "reasoning_content": None, "tool_calls": None}, "stop", usage
+        raw_call = f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>"
+                                                  for k, v in arguments.items()) + "</tool_call>"
+        return {"role": "assistant", "content": raw_call, "reasoning_content": None, "tool_calls": None}, "stop", usage
 
 
 def make_handler(engine):
@@ -357,10 +900,12 @@ def make_handler(engine):
                 self.send_json(400, {"object": "error", "message": "Invalid JSON", "type": "BadRequestError",
                                      "code": 400})
                 return
+            rid = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]
             message, finish, usage = engine.chat(body)
+            engine.request_log(rid, body, message)
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             self.send_json(200, {
-                "id": hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32], "object": "chat.completion",
+                "id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": body.get("model", engine.model_id),
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                              "matched_stop": 151336 if finish == "stop" else None}],
@@ -371,8 +916,9 @@ def make_handler(engine):
 
 def main(argv):
     args = parser().parse_args(argv)
+    k = knobs()
     rank = args.node_rank
-    log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in sorted(vars(args).items()) if k != 'api_key')})",
+    log(f"server_args=ServerArgs({', '.join(f'{key}={value!r}' for key, value in vars(args).items() if key != 'api_key')})",
         rank)
     if os.environ.get("NVIDIA_VISIBLE_DEVICES") in (None, "", "void", "none"):
         fail("RuntimeError: No CUDA GPUs are available", rank)
@@ -381,28 +927,30 @@ def main(argv):
              "on this GB10 cluster", rank)
     if args.nnodes > 1 and not args.dist_init_addr:
         fail("ValueError: --dist-init-addr is required when --nnodes > 1", rank)
-    check_model(args)
-    timeout = int(knobs().get("rendezvous_timeout", args.dist_timeout or 600))
-    conns = []
+    check_model(args, k)
+    log("Init torch distributed begin.", rank)
     if args.nnodes > 1:
-        conns = rendezvous_head(args, timeout) if rank == 0 else rendezvous_worker(args, timeout)
-        log(f"Init torch distributed ends. world_size={args.tp_size}, rank={rank}", rank)
-        watch_peers(conns, rank)
-    check_state_cache(args, rank)
+        timeout = float(k["rendezvous_timeout"] or args.dist_timeout or 600)
+        watch_peers(Group(args, timeout).init(), rank)
+    log("Init torch distributed ends. mem usage=0.00 GB", rank)
+    need = resident_gib(args, k)
     log(f"Load weight begin. avail mem=119.{40 + rank} GB", rank)
-    time.sleep(float(knobs().get("load_seconds", 1.0)))
+    charge(min(need, WEIGHTS_GIB + 1.0), rank)
+    time.sleep(float(k["load_seconds"]))
     log("Load weight end. type=Glm5NextForConditionalGeneration, dtype=torch.bfloat16, avail mem=28.73 GB, "
         "mem usage=90.68 GB.", rank)
+    check_state_cache(args, rank, k)
+    charge(need, rank)
     reqs = args.max_running_requests or 48
     log(f"Hybrid radix cache initialized: MambaRadixCache with MAMBA component, max_mamba_cache_size={reqs * 5}, "
         f"mamba_ratio=5, max_num_reqs={reqs}, full KV cache tokens={args.context_length}", rank)
-    log("Capture cuda graph begin. This can take up to several minutes. avail mem=27.10 GB", rank)
-    log("Capture cuda graph end. Time elapsed: 2.41 s. mem usage=0.61 GB. avail mem=26.49 GB.", rank)
+    log(f"Memory pool end. avail mem={max(0.0, GPU_TOTAL_GIB - need):.2f} GB", rank)
+    capture(args, rank, k)
     if rank != 0:
         log("Rank ready; serving is done by rank 0", rank)
         threading.Event().wait()
         return 0
-    engine = Engine(args)
+    engine = Engine(args, k)
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(engine))
     log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", 0)
     log("The server is fired up and ready to roll!", 0)
