@@ -134,19 +134,23 @@ def ensure_wheelhouse(cache_root: Path, rootfs: Path) -> Path:
     """Wheels for the node's Python, fetched on this machine (nodes have no internet)."""
     py = node_python_version(rootfs)
     house = cache_root / "wheels" / wheelhouse_key(py)
-    if (house / "complete").exists():
+    house.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel test workers boot clusters at the same time: one fetches, the others wait.
+    with open(house.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (house / "complete").exists():
+            return house
+        house.mkdir(parents=True, exist_ok=True)
+        log(f"fetching node wheelhouse for Python {py}")
+        run(
+            [
+                sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                "--only-binary=:all:", "--python-version", py, "--implementation", "cp",
+                "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+                "--platform", "manylinux_2_17_x86_64", "--platform", "linux_x86_64", "--platform", "any",
+                "-d", str(house), *WHEELHOUSE_REQUIREMENTS,
+            ],
+            quiet=True,
+        )
+        (house / "complete").write_text(py + "\n")
         return house
-    house.mkdir(parents=True, exist_ok=True)
-    log(f"fetching node wheelhouse for Python {py}")
-    run(
-        [
-            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-            "--only-binary=:all:", "--python-version", py, "--implementation", "cp",
-            "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-            "--platform", "manylinux_2_17_x86_64", "--platform", "linux_x86_64", "--platform", "any",
-            "-d", str(house), *WHEELHOUSE_REQUIREMENTS,
-        ],
-        quiet=True,
-    )
-    (house / "complete").write_text(py + "\n")
-    return house

@@ -186,6 +186,38 @@ def test_corrupted_worker_shard_is_found_by_deep_verify_and_resynced_alone(nodes
     assert stamp(worker)["revision"] == hub.info["new"]
 
 
+def test_worker_alone_under_limit_syncs_from_the_head_outside_the_run(nodes, hub):
+    """Re-provisioning one worker: the head is only read, and only when its checkpoint is verified."""
+    head, worker = nodes["head"], nodes["worker"]
+    sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
+    head_before = listing(head)
+    hub.reset_counters()
+    r = play(nodes, hub, limit=worker.name)
+    assert r.rc == 0, r.failure_messages()
+    assert r.results(SYNCED)["spark-1"]["sent"] == [SHARD]
+    assert hub.served() == {}
+    assert digests(worker)[SHARD] == sha256(hub.expected[SHARD])
+    assert stamp(worker)["revision"] == hub.info["new"]
+    assert listing(head) == head_before
+
+    source_stamp = sim.ssh(head, f"cat {STAMP}")
+    sim.ssh(head, f"rm {STAMP}")
+    sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
+    try:
+        r = play(nodes, hub, limit=worker.name)
+        assert r.rc != 0
+        assert {d["task"] for d in r.failed} == {"Refuse to sync from a source host that does not hold the verified checkpoint"}
+        assert r.changed_before_first_failure() == []
+        message = r.failure_messages()
+        assert "checkpoint_source_host=spark-0 is outside this run (--limit spark-1)" in message
+        assert "no verified-stamp" in message and "without --limit" in message
+        assert not exists(worker, f"{MODEL_DIR}/{SHARD}")
+    finally:
+        sim.ssh(head, f"cat > {STAMP} <<'EOF'\n{source_stamp}\nEOF")
+        r = play(nodes, hub, limit=worker.name)
+        assert r.rc == 0, r.failure_messages()
+
+
 def test_extra_python_file_in_the_worker_model_dir_is_refused(nodes, hub):
     worker = nodes["worker"]
     evil = f"{MODEL_DIR}/modeling_evil.py"
