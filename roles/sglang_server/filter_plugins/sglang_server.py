@@ -635,9 +635,93 @@ def sglang_server_checkpoint_problems(stamp_result, record_result, expected):
     return errors
 
 
+def _flag_map(args):
+    """``--flag value`` tokens as an ordered flag -> value mapping (True for a switch)."""
+    flags = {}
+    name = None
+    for token in map(str, args):
+        if token.startswith("--"):
+            name = token
+            flags[name] = True
+        elif name is not None:
+            flags[name] = token if flags[name] is True else f"{flags[name]} {token}"
+    return flags
+
+
+def sglang_server_args_drift(args_result, expected_args, path):
+    """How a rank's installed server-args.json differs from what the inventory renders for it.
+
+    ``args_result`` is an ansible.builtin.slurp result of ``path``;
+    ``expected_args`` the plan's ``args`` for that rank. Returns one sentence
+    per differing flag, empty when the rank runs exactly what the inventory says.
+    """
+    args_result = args_result or {}
+    if args_result.get("failed") or "content" not in args_result:
+        return [f"{path} is missing ({str(args_result.get('msg') or 'not read').strip()}): the rank was never "
+                "deployed by this role, or by a version that did not record its arguments"]
+    try:
+        installed = json.loads(base64.b64decode(args_result["content"]).decode("utf-8"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
+        return [f"{path} is not valid JSON ({err})"]
+    if not isinstance(installed, list):
+        return [f"{path} is not a JSON list of arguments"]
+    have, want = _flag_map(installed), _flag_map(expected_args)
+
+    def show(value):
+        return "a switch" if value is True else _show(value)
+
+    drift = []
+    for flag, value in want.items():
+        if flag not in have:
+            drift.append(f"{flag} is not installed (the inventory gives {show(value)})")
+        elif have[flag] != value:
+            drift.append(f"{flag} is installed as {show(have[flag])}, the inventory gives {show(value)}")
+    drift += [f"{flag} ({show(have[flag])}) is installed but not in the inventory" for flag in have if flag not in want]
+    if not drift and [str(a) for a in installed] != [str(a) for a in expected_args]:
+        drift.append("the arguments are installed in another order than the role renders them")
+    return drift
+
+
+def sglang_server_rejoin_problems(reads, ctx, model, hostvars, expected):
+    """What keeps each rank outside a --limit run from restarting with the ranks in it.
+
+    ``reads`` maps ``args``, ``state``, ``stamp`` and ``record`` to the looped
+    results (one per outside rank, ``item`` = the rank) of slurping
+    server-args.json, of printing the image ID and unit state, and of
+    slurping the verified-stamp and the checkpoint record. ``expected`` holds
+    ``image_ref``, ``image_id`` (this run's), ``args_file`` and ``checkpoint``
+    (as for sglang_server_checkpoint_problems). Returns {rank: [problems]} for
+    the ranks that may not rejoin.
+    """
+    by_rank = {}
+    for key, results in reads.items():
+        for result in (results or {}).get("results", []):
+            by_rank.setdefault(result.get("item"), {})[key] = result
+    found = {}
+    for rank, got in by_rank.items():
+        plan = sglang_server_plan(dict(ctx, inventory_hostname=rank), model, hostvars)
+        if plan["errors"]:
+            found[rank] = plan["errors"]
+            continue
+        problems = sglang_server_args_drift(got.get("args"), plan["args"], expected["args_file"])
+        lines = str((got.get("state") or {}).get("stdout", "")).splitlines()
+        image_id = next((line.strip() for line in lines if line.startswith("sha256:")), "")
+        if image_id != expected["image_id"]:
+            problems.append(
+                f"image {expected['image_ref']} is {image_id or 'not present'} there, {expected['image_id']} on the "
+                "ranks of this run"
+            )
+        problems += sglang_server_checkpoint_problems(got.get("stamp"), got.get("record"), expected["checkpoint"])
+        if problems:
+            found[rank] = problems
+    return found
+
+
 class FilterModule:
     def filters(self):
         return {
             "sglang_server_plan": sglang_server_plan,
             "sglang_server_checkpoint_problems": sglang_server_checkpoint_problems,
+            "sglang_server_args_drift": sglang_server_args_drift,
+            "sglang_server_rejoin_problems": sglang_server_rejoin_problems,
         }

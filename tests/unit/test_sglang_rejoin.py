@@ -1,0 +1,143 @@
+"""Whether the ranks outside a --limit run may restart with it (sglang_server filters).
+
+The installed arguments are written out here as a rank would hold them, not
+rebuilt through the same filter: a comparison of the plan with itself could
+not fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from tests.unit.test_sglang_flag_model import FILTER, MODEL, SEED, ctx
+
+ARGS_FILE = "/etc/sglang/server-args.json"
+IMAGE_ID = "sha256:" + "ab" * 32
+REVISION = "7ce4007804ddbb1b33185febc1669f76f90fb53e"
+MODEL_DIR = "/opt/models/glm53"
+CHECKPOINT = {
+    "revision": REVISION,
+    "model_dir": MODEL_DIR,
+    "stamp_path": MODEL_DIR + ".verified",
+    "record_path": MODEL_DIR + ".record.json",
+}
+FILES = {"config.json": {"size": 2, "sha256": "c" * 64}}
+RECORD = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": REVISION, "files": FILES}
+STAMP = {"repo_id": RECORD["repo_id"], "revision": REVISION, "model_dir": MODEL_DIR, "mode": "deep",
+         "record_sha256": hashlib.sha256(json.dumps(FILES, sort_keys=True).encode()).hexdigest()}
+
+
+def head_args(**values):
+    """What the head (rank 0 of 2) runs with the role defaults, as server-args.json holds it."""
+    pairs = [("--model-path", "/models/glm53"), ("--trust-remote-code", None), ("--tp-size", "2")]
+    rest = SEED[1:]
+    i = 0
+    while i < len(rest):
+        flag = rest[i]
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            pairs.append((flag, rest[i + 1]))
+            i += 2
+        else:
+            pairs.append((flag, None))
+            i += 1
+    pairs += [("--nnodes", "2"), ("--node-rank", "0"), ("--dist-init-addr", "192.168.100.10:20000"),
+              ("--host", "0.0.0.0"), ("--port", "30000")]  # noqa: S104 - compared, not bound
+    out = []
+    for flag, default in pairs:
+        value = values.get(flag, default)
+        out += [flag] if value is None else [flag, value]
+    return out
+
+
+def slurped(data) -> dict:
+    text = data if isinstance(data, str) else json.dumps(data, indent=2)
+    return {"content": base64.b64encode(text.encode()).decode(), "encoding": "base64", "changed": False}
+
+
+def missing(path) -> dict:
+    return {"failed": True, "msg": f"file not found: {path}", "changed": False}
+
+
+def reads(args=None, state=None, stamp=None, record=None, rank="spark-0"):
+    def looped(result):
+        return {"results": [dict(result, item=rank)]}
+
+    return {
+        "args": looped(slurped(head_args()) if args is None else args),
+        "state": looped({"stdout": f"{IMAGE_ID}\nactive" if state is None else state, "rc": 0}),
+        "stamp": looped(slurped(STAMP) if stamp is None else stamp),
+        "record": looped(slurped(RECORD) if record is None else record),
+    }
+
+
+def rejoin(r, host="spark-1", **ctx_changes):
+    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": IMAGE_ID, "args_file": ARGS_FILE,
+                "checkpoint": CHECKPOINT}
+    return FILTER.sglang_server_rejoin_problems(r, ctx(host, **ctx_changes), MODEL, None, expected)
+
+
+def test_an_outside_head_that_runs_the_inventory_may_rejoin():
+    assert rejoin(reads()) == {}
+
+
+def test_a_flag_the_inventory_changed_keeps_the_head_out():
+    found = rejoin(reads(), sglang_server_flag_overrides={"max-running-requests": 1})
+    assert found == {"spark-0": ["--max-running-requests is installed as '2', the inventory gives '1'"]}
+
+
+def test_a_flag_only_installed_or_only_in_the_inventory_is_named():
+    installed = head_args() + ["--enable-metrics"]
+    found = rejoin(reads(args=slurped(installed)), sglang_server_flag_overrides={"disable-radix-cache": True})
+    assert found == {"spark-0": [
+        "--disable-radix-cache is not installed (the inventory gives a switch)",
+        "--enable-metrics (a switch) is installed but not in the inventory",
+    ]}
+
+
+def test_the_same_flags_in_another_order_are_drift():
+    args = head_args()
+    i = args.index("--port")
+    reordered = args[:2] + args[i:i + 2] + args[2:i]
+    assert rejoin(reads(args=slurped(reordered))) == {
+        "spark-0": ["the arguments are installed in another order than the role renders them"]}
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (missing(ARGS_FILE), f"{ARGS_FILE} is missing (file not found: {ARGS_FILE})"),
+    (slurped("{not json"), f"{ARGS_FILE} is not valid JSON"),
+    (slurped({"args": []}), f"{ARGS_FILE} is not a JSON list of arguments"),
+], ids=["missing", "garbled", "not-a-list"])
+def test_an_unreadable_args_file_keeps_the_rank_out(args, says):
+    (problem,) = rejoin(reads(args=args))["spark-0"]
+    assert problem.startswith(says), problem
+
+
+@pytest.mark.parametrize(("state", "says"), [
+    ("inactive", "is not present there"),
+    ("sha256:" + "cd" * 32 + "\nactive", "is sha256:" + "cd" * 32 + " there"),
+], ids=["no-image", "other-image"])
+def test_another_image_keeps_the_rank_out(state, says):
+    (problem,) = rejoin(reads(state=state))["spark-0"]
+    assert says in problem and IMAGE_ID in problem, problem
+
+
+def test_an_unverified_checkpoint_keeps_the_rank_out():
+    (problem,) = rejoin(reads(stamp=missing(CHECKPOINT["stamp_path"])))["spark-0"]
+    assert problem == f"the verified-stamp {CHECKPOINT['stamp_path']} does not exist"
+
+
+def test_every_problem_of_a_rank_is_reported_together():
+    found = rejoin(reads(state="inactive", stamp=missing(CHECKPOINT["stamp_path"])),
+                   sglang_server_flag_overrides={"max-running-requests": 1})
+    assert len(found["spark-0"]) == 3
+
+
+def test_a_worker_outside_the_run_is_compared_with_its_own_rank():
+    worker = head_args(**{"--node-rank": "1"})
+    assert rejoin(reads(args=slurped(worker), rank="spark-1"), host="spark-0") == {}
+    assert rejoin(reads(args=slurped(head_args()), rank="spark-1"), host="spark-0") == {
+        "spark-1": ["--node-rank is installed as '0', the inventory gives '1'"]}
