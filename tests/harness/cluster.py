@@ -326,6 +326,14 @@ def _prepare_node(c: Cluster, n: Node, rootfs: Path, wheels: Path, knobs: dict) 
     # No DNS here: an empty resolv.conf fails lookups at once instead of after 10 s.
     (m / "etc/resolv.conf").unlink(missing_ok=True)
     (m / "etc/resolv.conf").write_text("")
+    # The management port is configured by netplan, as on DGX OS: networkd then
+    # manages it, so network-online.target (the unit's After=) is reached at once
+    # instead of after systemd-networkd-wait-online's 2-minute timeout.
+    mgmt = m / "etc/netplan/00-spark-sim-mgmt.yaml"
+    mgmt.parent.mkdir(parents=True, exist_ok=True)
+    mgmt.write_text(f"network:\n  version: 2\n  renderer: networkd\n  ethernets:\n    {MGMT_IFACE}:\n"
+                    f"      addresses: [{n.mgmt_ip}/24]\n")
+    mgmt.chmod(0o600)
     run(["ssh-keygen", "-q", "-A", "-f", str(m)])
     _, pub = key_paths()
     auth = m / "root/.ssh/authorized_keys"
