@@ -9,6 +9,39 @@ import pytest
 from tests.harness import cluster as sim
 
 
+# Modules that converge whole clusters, longest first: with parallel workers
+# (pytest-xdist, --dist loadfile) a long module started last would finish
+# alone while the other worker idles. Everything else keeps its file order.
+HEAVY_FIRST = (
+    "test_server_nodes.py",
+    "test_checkpoint_nodes.py",
+    "test_day2.py",
+    "test_doctor.py",
+    "test_fabric.py",
+    "test_verify.py",
+    "test_preflight_running.py",
+    "test_preflight.py",
+    "test_harness.py",
+)
+
+
+def sim_instance_name() -> str:
+    """SPARK_SIM_INSTANCE (default `pytest`), plus the xdist worker number when there is one,
+    so that parallel workers boot clusters of their own."""
+    base = os.environ.get("SPARK_SIM_INSTANCE", "pytest")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    number = worker[2:] if worker.startswith("gw") else ""
+    return base[: 8 - len(number)] + number
+
+
+def pytest_collection_modifyitems(config, items):
+    def weight(item):
+        name = item.path.name
+        return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
+
+    items.sort(key=weight)  # stable: file and test order are kept within a module
+
+
 def pytest_addoption(parser):
     parser.addoption("--keep-nodes", action="store_true", help="leave the simulated nodes up after the run")
 
@@ -25,7 +58,7 @@ def sim_cluster(request):
     """
     if os.geteuid() != 0:
         pytest.fail("the simulated nodes need root (network namespaces, systemd-nspawn)")
-    instance = os.environ.get("SPARK_SIM_INSTANCE", "pytest")
+    instance = sim_instance_name()
     c = sim.up(instance, 2, hub=True)
     yield c
     if not request.config.getoption("--keep-nodes"):
