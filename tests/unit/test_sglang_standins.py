@@ -416,20 +416,27 @@ def test_ranks_with_different_arguments_refuse_to_form_a_group(model_dir):
 # --- multi-node init over real sockets: TCPStore, Gloo, NCCL, the broadcast queue -----------
 
 
-def group(model_dir, root, head_env=None, worker_env=None, start=("worker", "head")):
+def group(model_dir, root, head_env=None, worker_env=None, start=("worker", "head"), **flags):
     """Start a TP=2 pair on this machine; returns {name: Popen} and the head's HTTP port."""
     port, dist = free_port(), free_port()
     procs = {}
     for name in start:
         rank = 0 if name == "head" else 1
         procs[name] = start_server(server_args(model_dir, port if rank == 0 else free_port(), nnodes=2, rank=rank,
-                                               dist_port=dist),
+                                               dist_port=dist, **flags),
                                    head_env if rank == 0 else worker_env, root)
     return procs, port
 
 
 def outputs(procs, timeout=30):
     return {name: (proc.wait(timeout=timeout), proc.stdout.read()) for name, proc in procs.items()}
+
+
+def test_ranks_failing_the_same_check_each_print_their_own_error(tmp_path, model_dir):
+    # Between start-up collectives a rank does not notice its peer died, as with NCCL.
+    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 5}), max_running_requests=8)
+    for rc, out in outputs(procs).values():
+        assert rc == 1 and HYBRID in out and "NCCL error" not in out
 
 
 GLOO_TIMEOUT = "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"

@@ -645,23 +645,58 @@ class Group:
         self.gloo()
         self.nccl()
         self.broadcast_queue()
-        return [lines.conn for lines in self.peers.values()]
+        return list(self.peers.values())
 
 
-def watch_peers(conns, rank):
-    """A TP group dies together: when a peer's connection drops, so does this rank."""
+def peer_lost(rank):
+    log("[NCCL] Connection closed by remote peer; NCCL communicator was aborted", rank)
+    raw("RuntimeError: NCCL error: remote process exited or there was a network error")
+    os._exit(1)
+
+
+def collective(peers, rank, timeout, seq):
+    """A barrier between start-up steps (SGLang all-reduces memory figures there): every rank waits for all.
+
+    A peer that died fails it with NCCL's error; one that never comes trips the watchdog. Between
+    collectives a rank does not notice a peer's death, as with NCCL: two ranks that fail the same
+    check each print their own error.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        if rank == 0:
+            for lines in peers:
+                if lines.read(deadline) is None:
+                    raise TimeoutError
+            for lines in peers:
+                send(lines.conn, {"barrier": seq})
+        else:
+            for lines in peers:
+                send(lines.conn, {"barrier": seq})
+                if lines.read(deadline) is None:
+                    raise TimeoutError
+    except (EOFError, OSError) as err:
+        if isinstance(err, TimeoutError):
+            raw(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
+                f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={int(timeout * 1000)}) "
+                f"ran for {int(timeout * 1000) + 1} milliseconds before timing out.")
+            fail(f"torch.distributed.DistBackendError: [Rank {rank}] Watchdog caught collective operation timeout: "
+                 f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE) ran for {int(timeout * 1000) + 1} milliseconds before "
+                 "timing out.", rank)
+        peer_lost(rank)
+
+
+def watch_peers(peers, rank):
+    """A serving TP group dies together: when a peer's connection drops, so does this rank."""
     def watch(conn):
         try:
             while conn.recv(1):
                 pass
         except OSError:
             pass
-        log("[NCCL] Connection closed by remote peer; NCCL communicator was aborted", rank)
-        raw("RuntimeError: NCCL error: remote process exited or there was a network error")
-        os._exit(1)
+        peer_lost(rank)
 
-    for conn in conns:
-        threading.Thread(target=watch, args=(conn,), daemon=True).start()
+    for lines in peers:
+        threading.Thread(target=watch, args=(lines.conn,), daemon=True).start()
 
 
 # --- memory: charged to the container's cgroup ---------------------------------------
@@ -742,19 +777,19 @@ def capture(args, rank, k):
                 "#queue-req: 0", rank)
             fail(smem_error(need), rank)
         return
-    log("Capture cuda graph begin. This can take up to several minutes. avail mem=27.10 GB", rank)
+    log("Capture cuda graph begin. This can take up to several minutes. avail mem=15.15 GB", rank)
     log(f"Capture cuda graph bs {bs}", rank)
     if tilelang_in_use(args) and not fits:
         capture_failed(need, rank)
-    log("Capture cuda graph end. Time elapsed: 2.41 s. mem usage=0.61 GB. avail mem=26.49 GB.", rank)
+    log("Capture cuda graph end. Time elapsed: 2.41 s. mem usage=0.61 GB. avail mem=14.54 GB.", rank)
     if args.speculative_algorithm:
         steps = args.speculative_num_draft_tokens or 4
         log(f"Capture draft cuda graph begin. speculative_algorithm={args.speculative_algorithm}, verify shapes: "
-            f"{steps} tokens per request. avail mem=26.40 GB", rank)
+            f"{steps} tokens per request. avail mem=14.54 GB", rank)
         fits, need = tile_fits(k["tilelang_verify_tile"], k)
         if tilelang_in_use(args) and not fits:
             capture_failed(need, rank, "draft cuda graph")
-        log("Capture draft cuda graph end. Time elapsed: 1.12 s. mem usage=0.30 GB. avail mem=26.10 GB.", rank)
+        log("Capture draft cuda graph end. Time elapsed: 1.12 s. mem usage=0.30 GB. avail mem=14.24 GB.", rank)
 
 
 # --- HTTP on rank 0 ----------------------------------------------------------
@@ -929,9 +964,10 @@ def main(argv):
         fail("ValueError: --dist-init-addr is required when --nnodes > 1", rank)
     check_model(args, k)
     log("Init torch distributed begin.", rank)
+    peers = []
+    timeout = float(k["rendezvous_timeout"] or args.dist_timeout or 600)
     if args.nnodes > 1:
-        timeout = float(k["rendezvous_timeout"] or args.dist_timeout or 600)
-        watch_peers(Group(args, timeout).init(), rank)
+        peers = Group(args, timeout).init()
     log("Init torch distributed ends. mem usage=0.00 GB", rank)
     need = resident_gib(args, k)
     log(f"Load weight begin. avail mem=119.{40 + rank} GB", rank)
@@ -939,13 +975,16 @@ def main(argv):
     time.sleep(float(k["load_seconds"]))
     log("Load weight end. type=Glm5NextForConditionalGeneration, dtype=torch.bfloat16, avail mem=28.73 GB, "
         "mem usage=90.68 GB.", rank)
+    collective(peers, rank, timeout, 1)
     check_state_cache(args, rank, k)
     charge(need, rank)
     reqs = args.max_running_requests or 48
     log(f"Hybrid radix cache initialized: MambaRadixCache with MAMBA component, max_mamba_cache_size={reqs * 5}, "
         f"mamba_ratio=5, max_num_reqs={reqs}, full KV cache tokens={args.context_length}", rank)
     log(f"Memory pool end. avail mem={max(0.0, GPU_TOTAL_GIB - need):.2f} GB", rank)
+    collective(peers, rank, timeout, 2)
     capture(args, rank, k)
+    watch_peers(peers, rank)
     if rank != 0:
         log("Rank ready; serving is done by rank 0", rank)
         threading.Event().wait()
