@@ -1,11 +1,11 @@
-"""playbooks/verify.yml against stand-in servers on 127.0.0.1 (no node needed).
+"""playbooks/verify.yml against the stand-in SGLang server on 127.0.0.1 (no node needed).
 
-The bad behaviours come from the sglang_server role's stand-in server
-(tests/standins/lib/sglang_server.py) started with the flags that cause them
-(no reasoning parser, tool-call parser glm, an API key); the server.yml guard
-rails refuse those flags, so they cannot be deployed onto nodes. U+FFFD and
-malformed tool arguments, which that stand-in does not produce, come from the
-responder in tests/standins/lib/sglang_faults.py.
+Each bad behaviour comes from the stand-in server (tests/standins/lib/sglang_server.py, the
+one the docker stand-in runs on the nodes) started with what causes it: no reasoning parser,
+tool-call parser glm, an API key, a KV cache other than bfloat16 under the TileLang DSA kernels
+(U+FFFD in the output). The server.yml guard rails refuse those flags, so they cannot be deployed
+onto nodes. A wrong answer and malformed tool-call arguments, which no flag causes, come from the
+server's `output_corruption` knob.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pytest
 from tests.lib.playbook import REPO, run_playbook
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
-FAULTS = REPO / "tests" / "standins" / "lib" / "sglang_faults.py"
 LOOPBACK = "127.0.0.1"
 API_KEY = "sk-VerifyPlant3dKey0123456789"  # noqa: S105 - planted on purpose
 SEED_FLAGS = ["--trust-remote-code", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
@@ -61,20 +60,16 @@ def serve(tmp_path):
     model = tmp_path / "models" / "glm53"
     model.mkdir(parents=True)
     (model / "processor_config.json").write_text("{}")
-    root = tmp_path / "root"
-    (root / "etc/spark-sim").mkdir(parents=True)
-    (root / "etc/spark-sim/node.json").write_text("{}")
 
-    def start(kind="server", flags=(), mode="good", api_key=""):
+    def start(flags=(), knobs=None, api_key=""):
         port = free_port()
-        if kind == "server":
-            cmd = [sys.executable, str(SERVER), "--model-path", str(model), "--tp-size", "1", "--host", LOOPBACK,
-                   "--port", str(port), *SEED_FLAGS, *flags]
-            if api_key:
-                cmd += ["--api-key", api_key]
-        else:
-            cmd = [sys.executable, str(FAULTS), "serve", "--host", LOOPBACK, "--port", str(port), "--mode", mode,
-                   "--model", str(model)]
+        root = tmp_path / f"root{port}"
+        (root / "etc/spark-sim").mkdir(parents=True)
+        (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1, **(knobs or {})}}))
+        cmd = [sys.executable, str(SERVER), "--model-path", str(model), "--tp-size", "1", "--host", LOOPBACK,
+               "--port", str(port), *SEED_FLAGS, *flags]
+        if api_key:
+            cmd += ["--api-key", api_key]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={"SPARK_SIM_ROOT": str(root), "PATH": "/usr/bin:/bin",
                                      # what docker run --gpus all gives the container
@@ -167,19 +162,25 @@ def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
     assert "sglang_server_api_key" in checks(report)["models"]["remedy"]
 
 
+GOOD = ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"]
+
+
 @pytest.mark.parametrize("case", [
-    ("fffd", "sanity", "corruption symptom"),
-    ("bad-tool-args", "tool_call", "not valid JSON"),
-    ("wrong-answer", "reasoning", "garbage"),
+    ("fffd", GOOD + ["--kv-cache-dtype", "fp8_e4m3"], None, "sanity", "corruption symptom"),
+    ("bad-tool-args", GOOD, "bad-tool-args", "tool_call", "not valid JSON"),
+    ("wrong-answer", GOOD, "wrong-answer", "reasoning", "garbage"),
 ], ids=lambda case: case[0])
 def test_corrupted_output_is_diagnosed(serve, local_inventory, tmp_path, case):
-    mode, failing, phrase = case
-    port = serve(kind="faults", mode=mode)
+    _, flags, corruption, failing, phrase = case
+    port = serve(flags=flags, knobs={"output_corruption": corruption} if corruption else None)
     result, report = verify(local_inventory, port, tmp_path)
     assert result.rc != 0
     c = checks(report)
     assert not c[failing]["ok"]
     assert phrase in c[failing]["diagnosis"]
+    assert "kv-cache-dtype bfloat16" in c[failing]["remedy"]
+    # Only the corrupted part fails: the parsers are right.
+    assert c["models"]["ok"] and all(c[name]["ok"] for name in ("reasoning", "tool_call") if name != failing)
 
 
 def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):
@@ -189,7 +190,7 @@ def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):
 
 
 def test_default_report_path_is_timestamped_under_the_report_dir(serve, local_inventory, tmp_path):
-    port = serve(kind="faults")
+    port = serve(flags=GOOD)
     result = run_playbook("playbooks/verify.yml", local_inventory, extravars={
         "sglang_verify_port": port, "sglang_verify_report_dir": str(tmp_path / "reports")})
     assert result.rc == 0, result.stdout[-3000:]
