@@ -1,14 +1,20 @@
-"""The doctor's fingerprint catalogue: each planted log line maps to its cause and remedy.
+"""The doctor's fingerprint catalogue: each failure's log lines map to its cause and remedy.
 
 The remedies asserted here are written out from deployment-facts.md (known
 failures 1-4) and issue 6, not read from the catalogue: a test that compared
-the catalogue with itself could not fail.
+the catalogue with itself could not fail. The log lines are written out here
+from the real engines' messages (SGLang, TileLang, torch.distributed, Gloo,
+NCCL, huggingface_hub, systemd); the last tests feed the doctor what the
+stand-in SGLang server itself prints for each failure, so the stand-in and the
+catalogue cannot drift apart (tests/integration/test_doctor.py does the same
+through the rank's unit on simulated nodes).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +34,66 @@ def _load(name, path):
 
 
 doctor = _load("sglang_doctor_filter", ROLE / "filter_plugins" / "sglang_doctor.py")
-faults = _load("sglang_faults", REPO / "tests" / "standins" / "lib" / "sglang_faults.py")
+SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
+
+# name -> (log lines, the unit's exit status, whether the unit is still active)
+LINES: dict[str, tuple[list[str], int, bool]] = {
+    "hybrid_cache": ([
+        "[2026-11-29 10:01:12 TP0] Load weight end. type=Glm5NextForConditionalGeneration, dtype=torch.bfloat16",
+        "[2026-11-29 10:01:13 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+        "max_mamba_cache_size=1, mamba_ratio=5, resulting max_num_reqs=0.",
+    ], 1, False),
+    "tilelang_smem": ([
+        "[2026-11-29 10:02:40 TP0] Capture cuda graph begin. This can take up to several minutes.",
+        "Exception: Capture cuda graph failed: Failed to set the allowed dynamic shared memory size to 169984 with "
+        "error: invalid argument",
+    ], 1, False),
+    "tilelang_smem_drafter": ([
+        "[2026-11-29 10:02:40 TP0] Capture draft cuda graph begin. speculative_algorithm=EAGLE",
+        "Exception: Capture draft cuda graph failed: Failed to set the allowed dynamic shared memory size to 169984 "
+        "with error: invalid argument",
+    ], 1, False),
+    "processor_config_repo_id": ([
+        "FileNotFoundError: [Errno 2] No such file or directory: 'LibertAIDAI/GLM-5.3-Flash-NVFP4/processor_config.json'",
+    ], 1, False),
+    "processor_config_local": ([
+        "FileNotFoundError: [Errno 2] No such file or directory: '/models/glm53/processor_config.json'",
+    ], 1, False),
+    "nccl_timeout": ([
+        "[2026-11-29 10:03:00 TP1] Init torch distributed begin.",
+        "spark-1:77:91 [0] NCCL WARN NET/Socket : Connect to 10.232.1.10<20000> failed : Connection timed out",
+        "torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect "
+        "to (10.232.1.10, 20000).",
+    ], 1, False),
+    "gloo_timeout": ([
+        "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error",
+    ], 1, False),
+    "init_hang": (["[2026-11-29 10:04:00 TP0] Init torch distributed begin."], 0, True),
+    "oom_137": ([
+        "[2026-11-29 10:05:10 TP0] Load weight begin. avail mem=118.20 GB",
+        "sglang.service: Main process exited, code=exited, status=137/n/a",
+    ], 137, False),
+    "cuda_oom": ([
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "119.70 GiB",
+    ], 1, False),
+    "download_at_boot": ([
+        "requests.exceptions.ConnectionError: (MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', port=443): "
+        "Max retries exceeded with url: /LibertAIDAI/GLM-5.3-Flash-NVFP4/resolve/main/config.json",
+        "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the Hub "
+        "and we cannot find the requested files in the local cache.",
+    ], 1, False),
+    "offline_missing": ([
+        "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and "
+        "outgoing traffic has been disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' "
+        "to False.",
+    ], 1, False),
+    "healthy": ([
+        "[2026-11-29 10:06:00 TP0] Decode batch. #running-req: 1, #token: 812, token usage: 0.01, cuda graph: True",
+        "[2026-11-29 10:06:01] The server is fired up and ready to roll!",
+    ], 0, True),
+}
 CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__sglang_doctor_fingerprints"]
 FLAG_MODEL = yaml.safe_load((REPO / "roles/sglang_server/vars/main.yml").read_text())["__sglang_server_flag_model"]
 
@@ -66,8 +131,8 @@ def node(lines, status="1", active="failed", age=5.0, raw=None):
 
 
 def planted(name, **kw):
-    lines, status, linger = faults.LINES[name]
-    return node(lines, status=str(status), active="active" if linger else "failed", **kw)
+    lines, status, active = LINES[name]
+    return node(lines, status=str(status), active="active" if active else "failed", **kw)
 
 
 def ids(found):
@@ -189,7 +254,7 @@ def test_a_healthy_rank_has_no_finding():
 
 
 def test_most_recent_failure_comes_first():
-    lines = faults.LINES["hybrid_cache"][0] + faults.LINES["tilelang_smem"][0]
+    lines = LINES["hybrid_cache"][0] + LINES["tilelang_smem"][0]
     found = doctor.findings(node(lines), CATALOGUE, ctx())
     assert ids(found) == ["tilelang_shared_memory", "hybrid_state_cache"]
 
@@ -257,3 +322,43 @@ def test_journal_json_with_byte_array_message():
     entries = doctor.journal_entries(lines)
     assert [e["t"] for e in entries] == [1800000000.0, 1800000001.0]
     assert entries[1]["msg"] == "bad \ufffd byte"
+
+
+# --- what the stand-in server prints, through the catalogue -----------------------------------
+
+
+def standin(tmp_path, *flags, knobs=None, env=None, nnodes=1):
+    """Run the stand-in SGLang server to its end; its output as a failed rank's journal."""
+    model = tmp_path / "glm53"
+    model.mkdir(exist_ok=True)
+    (model / "processor_config.json").write_text("{}")
+    root = tmp_path / "root"
+    (root / "etc/spark-sim").mkdir(parents=True, exist_ok=True)
+    (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0, "rendezvous_timeout": 1,
+                                                                         **(knobs or {})}}))
+    args = ["--model-path", str(model), "--tp-size", str(nnodes), "--nnodes", str(nnodes), "--node-rank", "0",
+            "--dist-init-addr", "127.0.0.1:1", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
+            "--dsa-decode-backend", "tilelang", "--context-length", "65536", "--max-running-requests", "2",
+            "--host", "127.0.0.1", "--port", "1", *flags]
+    environ = {"PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "all", "SPARK_SIM_ROOT": str(root),
+               "HF_HUB_OFFLINE": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, str(SERVER), *args], env=environ, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    return node(proc.stdout.splitlines())
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ((("--max-running-requests", "8"), None, None, 1), "hybrid_state_cache"),
+    (((), {"tilelang_tile": "default"}, None, 1), "tilelang_shared_memory"),
+    ((("--speculative-algorithm", "EAGLE"), None, None, 1), "tilelang_shared_memory"),
+    ((("--model-path", "LibertAIDAI/GLM-5.3-Flash-NVFP4"), None, {"HF_HUB_OFFLINE": ""}, 1), "download_at_boot"),
+    ((("--model-path", "LibertAIDAI/GLM-5.3-Flash-NVFP4"), None, None, 1), "download_at_boot"),
+    ((("--model-path", "LibertAIDAI/GLM-5.3-Flash-NVFP4"), {"hub_reachable": True}, {"HF_HUB_OFFLINE": ""}, 1),
+     "processor_config_missing"),
+    (((), None, None, 2), "distributed_timeout"),
+], ids=["hybrid", "tilelang", "drafter", "hub online", "hub offline", "hub reachable", "rank 0 alone"])
+def test_what_the_standin_prints_maps_to_its_finding(tmp_path, case, expected):
+    flags, knobs, env, nnodes = case  # a later --model-path wins, as with argparse
+    found = doctor.findings(standin(tmp_path, *flags, knobs=knobs, env=env, nnodes=nnodes), CATALOGUE, ctx())
+    assert ids(found) == [expected]
