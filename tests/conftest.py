@@ -8,7 +8,6 @@ import pytest
 
 from tests.harness import cluster as sim
 
-
 # Modules that converge whole clusters, longest first: with parallel workers
 # (pytest-xdist, --dist loadfile) a long module started last would finish
 # alone while the other worker idles. Everything else keeps its file order.

@@ -285,6 +285,13 @@ def test_reprovisioned_worker_converges_alone_and_every_rank_restarts(serving, s
     assert ssh(worker, f"test -e {MODEL_DIR} || echo absent; systemctl is-active {UNIT} || true").split() == [
         "absent", "inactive"]
 
+    # Check mode first: it predicts the fresh node's files without writing them and fails only at verify,
+    # because the group lost a rank with the reinstall and nothing answers.
+    preview = run_playbook("site.yml", sim_inventory, limit=worker.name, check=True)
+    assert failed_at(preview) == {"Fail when a check failed"}, preview.failure_messages() or preview.stdout[-3000:]
+    assert {"Install the systemd unit", "Install the environment file"} <= {d["task"] for d in preview.changed}
+    assert ssh(worker, f"test -e {UNIT_PATH} || echo absent").strip() == "absent"
+
     result = run_playbook("site.yml", sim_inventory, limit=worker.name)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert {d["host"] for d in result.changed} == {worker.name}

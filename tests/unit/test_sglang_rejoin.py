@@ -141,3 +141,10 @@ def test_a_worker_outside_the_run_is_compared_with_its_own_rank():
     assert rejoin(reads(args=slurped(worker), rank="spark-1"), host="spark-0") == {}
     assert rejoin(reads(args=slurped(head_args()), rank="spark-1"), host="spark-0") == {
         "spark-1": ["--node-rank is installed as '0', the inventory gives '1'"]}
+
+
+def test_check_mode_without_a_pulled_image_here_compares_no_image():
+    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": "", "args_file": ARGS_FILE,
+                "checkpoint": CHECKPOINT}
+    found = FILTER.sglang_server_rejoin_problems(reads(state="inactive"), ctx("spark-1"), MODEL, None, expected)
+    assert found == {}
