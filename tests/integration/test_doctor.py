@@ -31,8 +31,10 @@ ENV_PATH = "/etc/sglang/sglang.env"
 MODEL_DIR = "/opt/models/glm53"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 REPO_ID = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
-# Short waits where the real ones are minutes: a rendezvous that cannot complete fails in 4 s.
-KNOBS = {"sglang": {"rendezvous_timeout": 4, "load_seconds": 0.2}}
+# Short waits where the real ones are minutes: the head gives up on a missing peer after 6 s; the
+# worker, started first, waits long enough for the head to come up on a loaded machine.
+KNOBS = {"spark-0": {"sglang": {"rendezvous_timeout": 6, "load_seconds": 0.2}},
+         "spark-1": {"sglang": {"rendezvous_timeout": 30, "load_seconds": 0.2}}}
 BUNDLE_TASKS = {
     "Create the bundle's directories",
     "Write every node's redacted files",
@@ -79,7 +81,7 @@ def rendered(sim_cluster, tmp_path_factory):
         env = (out / n.name / "sglang.env").read_text().replace("<redacted>", API_KEY)
         files[n.name] = {"unit": (out / n.name / "sglang.service").read_text(), "env": env + f"HF_TOKEN={HF_TOKEN}\n"}
         assert "python3 -c" in files[n.name]["unit"] and f"SGLANG_API_KEY={API_KEY}" in files[n.name]["env"]
-        sim.set_knobs(sim_cluster.instance, n.name, KNOBS)
+        sim.set_knobs(sim_cluster.instance, n.name, KNOBS[n.name])
         put(n, "/etc/systemd/network/10-netplan-enp1s0f1np1.network",
             f"[Match]\nName=enp1s0f1np1\n\n[Link]\nMTUBytes=9000\n\n[Network]\nAddress={n.fabric_ip}/24\n")
         sh(n, f"networkctl reload && systemctl start network-online.target && mkdir -p /dev/infiniband {MODEL_DIR}"

@@ -416,15 +416,22 @@ def test_ranks_with_different_arguments_refuse_to_form_a_group(model_dir):
 # --- multi-node init over real sockets: TCPStore, Gloo, NCCL, the broadcast queue -----------
 
 
-def group(model_dir, root, head_env=None, worker_env=None, start=("worker", "head"), **flags):
-    """Start a TP=2 pair on this machine; returns {name: Popen} and the head's HTTP port."""
+def group(model_dir, tmp_path, *, head_env=None, worker_env=None, start=("worker", "head"), head_timeout=2,
+          worker_timeout=10, **flags):
+    """Start a TP=2 pair on this machine; returns {name: Popen} and the head's HTTP port.
+
+    The head gives up on a missing peer soon (what a failing case waits for); the worker, started
+    first, waits long enough for the head to come up on a loaded machine.
+    """
     port, dist = free_port(), free_port()
     procs = {}
     for name in start:
         rank = 0 if name == "head" else 1
+        timeout = head_timeout if rank == 0 else worker_timeout
         procs[name] = start_server(server_args(model_dir, port if rank == 0 else free_port(), nnodes=2, rank=rank,
                                                dist_port=dist, **flags),
-                                   head_env if rank == 0 else worker_env, root)
+                                   head_env if rank == 0 else worker_env,
+                                   knob_root(tmp_path, {"rendezvous_timeout": timeout}))
     return procs, port
 
 
@@ -434,7 +441,7 @@ def outputs(procs, timeout=30):
 
 def test_ranks_failing_the_same_check_each_print_their_own_error(tmp_path, model_dir):
     # Between start-up collectives a rank does not notice its peer died, as with NCCL.
-    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 5}), max_running_requests=8)
+    procs, _ = group(model_dir, tmp_path, max_running_requests=8)
     for rc, out in outputs(procs).values():
         assert rc == 1 and HYBRID in out and "NCCL error" not in out
 
@@ -443,7 +450,7 @@ GLOO_TIMEOUT = "RuntimeError: Gloo connectFullMesh failed with [../third_party/g
 
 
 def test_gloo_on_a_missing_interface_fails_that_rank_and_times_out_its_peer(tmp_path, model_dir):
-    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), worker_env={"GLOO_SOCKET_IFNAME": "spk-none0"})
+    procs, _ = group(model_dir, tmp_path, worker_env={"GLOO_SOCKET_IFNAME": "spk-none0"})
     out = outputs(procs)
     assert out["worker"][0] == 1
     assert ("RuntimeError: [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] ifa != nullptr. "
@@ -453,9 +460,8 @@ def test_gloo_on_a_missing_interface_fails_that_rank_and_times_out_its_peer(tmp_
 
 
 def test_nccl_on_a_missing_interface_is_invalid_usage_and_says_why_with_nccl_debug(tmp_path, model_dir):
-    root = knob_root(tmp_path, {"rendezvous_timeout": 1})
     for debug in ("", "WARN"):
-        procs, _ = group(model_dir, root, worker_env={"NCCL_SOCKET_IFNAME": "spk-none", "NCCL_DEBUG": debug})
+        procs, _ = group(model_dir, tmp_path, worker_env={"NCCL_SOCKET_IFNAME": "spk-none", "NCCL_DEBUG": debug})
         out = outputs(procs)
         assert out["worker"][0] == 1
         assert "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)" in out["worker"][1]
@@ -464,7 +470,7 @@ def test_nccl_on_a_missing_interface_is_invalid_usage_and_says_why_with_nccl_deb
 
 
 def test_a_worker_that_cannot_reach_the_dist_init_addr_times_out_like_torch(tmp_path, model_dir):
-    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), start=("worker",))
+    procs, _ = group(model_dir, tmp_path, start=("worker",), worker_timeout=1)
     (rc, out), = outputs(procs).values()
     assert rc == 1
     assert "[c10d] The client socket has failed to connect to [127.0.0.1]:" in out and "Connection refused" in out
@@ -473,7 +479,7 @@ def test_a_worker_that_cannot_reach_the_dist_init_addr_times_out_like_torch(tmp_
 
 
 def test_rank0_alone_times_out_waiting_for_clients(tmp_path, model_dir):
-    procs, _ = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}), start=("head",))
+    procs, _ = group(model_dir, tmp_path, start=("head",), head_timeout=1)
     (rc, out), = outputs(procs).values()
     assert rc == 1
     assert "torch.distributed.DistStoreError: Timed out after 2 seconds waiting for clients. 1/2 clients joined." in out
@@ -481,13 +487,12 @@ def test_rank0_alone_times_out_waiting_for_clients(tmp_path, model_dir):
 
 @pytest.mark.parametrize("host_ip", ["192.0.2.1", None], ids=["unreachable SGLANG_HOST_IP", "right SGLANG_HOST_IP"])
 def test_a_wrong_sglang_host_ip_on_rank0_hangs_the_group_after_init(tmp_path, model_dir, host_ip):
-    procs, port = group(model_dir, knob_root(tmp_path, {"rendezvous_timeout": 1}),
-                        head_env={"SGLANG_HOST_IP": host_ip} if host_ip else None)
+    procs, port = group(model_dir, tmp_path, head_env={"SGLANG_HOST_IP": host_ip} if host_ip else None)
     try:
         if host_ip is None:
             wait_ready(port, procs["head"])
             return
-        # Well past the 1 s rendezvous timeout: nothing failed, nothing serves, nothing is logged.
+        # Past the head's 2 s rendezvous timeout: nothing failed, nothing serves, nothing is logged.
         time.sleep(3)
         assert procs["head"].poll() is None and procs["worker"].poll() is None
         with pytest.raises(OSError):
@@ -654,7 +659,9 @@ def run_rank(root, model_dir, *docker_options, flags=()):
         out, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            # SIGTERM: docker forwards it to the container (a SIGKILL would leave the rank running).
+            proc.terminate()
+            proc.wait(timeout=10)
     return proc.returncode, out, port
 
 
