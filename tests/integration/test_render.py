@@ -147,7 +147,8 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
         assert option in docker_opts, option
     assert " -d " not in f" {docker_opts} " and "--detach" not in docker_opts
     assert "ExecStartPre=-/usr/bin/docker rm -f sglang" in unit
-    assert "ExecStop=/usr/bin/docker stop --time 60 sglang" in unit
+    assert "ExecStop=-/usr/bin/docker stop --time 60 sglang" in unit
+    assert "SuccessExitStatus=143\n" in unit, "137 (an OOM kill) must stay a failure"
     assert re.search(r"^TimeoutStartSec=3600$", unit, re.M)
     assert re.search(r"^After=network-online.target docker.service$", unit, re.M)
     assert re.search(r"^Wants=network-online.target docker.service$", unit, re.M)

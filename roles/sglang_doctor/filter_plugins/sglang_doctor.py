@@ -241,7 +241,9 @@ def findings(node, catalogue, ctx):
     probes.update(probe_problems(node.get("raw") or {}, ctx))
     flags = ctx.get("flags") or {}
     overrides = ctx.get("overrides") or {}
-    active = unit.get("ActiveState") in ("active", "activating", "reloading")
+    # A rank waiting to be restarted (Restart=on-failure) is "activating" but
+    # its last exit is what failed.
+    active = unit.get("ActiveState") in ("active", "activating", "reloading") and unit.get("SubState") != "auto-restart"
     found = []
     for entry in catalogue:
         evidence = None
