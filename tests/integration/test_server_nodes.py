@@ -201,8 +201,13 @@ def test_every_flag_reaches_each_rank_one_by_one(serving):
         assert got_pairs == want_pairs, node.name
         # The unit's ExecStart holds the same list as the process (one flag per line).
         unit = ssh(node, f"cat {UNIT_PATH}")
-        exec_start = unit.split("ExecStart=", 1)[1].split("\nExecStop=", 1)[0].replace("\\\n", " ")
-        tokens = shlex.split(exec_start)
+        # ExecStart= and its continuation lines (each ending in a backslash), nothing after them.
+        block = []
+        for line in unit.split("\nExecStart=", 1)[1].splitlines():
+            block.append(line.removesuffix("\\"))
+            if not line.endswith("\\"):
+                break
+        tokens = shlex.split(" ".join(block))
         assert tokens[tokens.index("sglang.launch_server") + 1:] == want, node.name
         # What the container was given to run the rank with (a real GB10 rank needs each).
         run = docker_run_argv(node)
