@@ -202,12 +202,7 @@ def reinstall(instance: str, node: str, knobs: dict | None = None) -> Node:
     rootfs = image.ensure_image(CACHE_ROOT)
     wheels = image.ensure_wheelhouse(CACHE_ROOT, rootfs)
     with _lock():
-        c = Cluster.load(instance)
-        if c is None:
-            raise SystemExit(f"harness: no instance {instance!r}")
-        n = next((x for x in c.nodes if x.name == node), None)
-        if n is None:
-            raise SystemExit(f"harness: instance {instance} has no node {node!r}")
+        c, n = _find_node(instance, node)
         _halt(c, n)
         # The namespace outlives the node: undo what the old OS configured in it.
         run(["ip", "-n", n.netns, "addr", "flush", "dev", FABRIC_IFACE])
@@ -383,13 +378,18 @@ def set_knobs_in(merged: Path, knobs: dict) -> None:
         smi.chmod(0o755)
 
 
-def set_knobs(instance: str, node: str, knobs: dict) -> None:
+def _find_node(instance: str, node: str) -> tuple[Cluster, Node]:
     c = Cluster.load(instance)
     if c is None:
-        raise SystemExit(f"harness: no instance {instance}")
+        raise SystemExit(f"harness: no instance {instance!r}")
     n = next((x for x in c.nodes if x.name == node), None)
     if n is None:
-        raise SystemExit(f"harness: instance {instance} has no node {node}")
+        raise SystemExit(f"harness: instance {instance} has no node {node!r}")
+    return c, n
+
+
+def set_knobs(instance: str, node: str, knobs: dict) -> None:
+    _, n = _find_node(instance, node)
     set_knobs_in(Path(n.dir) / "merged", knobs)
 
 
