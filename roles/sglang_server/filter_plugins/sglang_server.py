@@ -558,20 +558,29 @@ def sglang_server_plan(ctx, model, hostvars=None):
     return plan
 
 
-def _slurped_json(result, path, what, errors):
-    """Decode an ansible.builtin.slurp result holding JSON; None (with a problem noted) when unusable."""
+def _decode_slurp(result):
+    """(data, None) from an ansible.builtin.slurp result holding JSON, else (None, (kind, reason))
+    with kind "unread" (the slurp's message) or "json" (the decoding error)."""
     result = result or {}
     if result.get("failed") or "content" not in result:
-        reason = str(result.get("msg") or "not read").strip()
-        if "not found" in reason.lower() or "no such file" in reason.lower():
+        return None, ("unread", str(result.get("msg") or "not read").strip())
+    try:
+        return json.loads(base64.b64decode(result["content"]).decode("utf-8")), None
+    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
+        return None, ("json", str(err))
+
+
+def _slurped_json(result, path, what, errors):
+    """Decode an ansible.builtin.slurp result holding JSON; None (with a problem noted) when unusable."""
+    data, problem = _decode_slurp(result)
+    if problem:
+        kind, reason = problem
+        if kind == "json":
+            errors.append(f"{what} {path} is not valid JSON ({reason})")
+        elif "not found" in reason.lower() or "no such file" in reason.lower():
             errors.append(f"{what} {path} does not exist")
         else:
             errors.append(f"{what} {path} could not be read ({reason})")
-        return None
-    try:
-        data = json.loads(base64.b64decode(result["content"]).decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
-        errors.append(f"{what} {path} is not valid JSON ({err})")
         return None
     if not isinstance(data, dict):
         errors.append(f"{what} {path} is not a JSON object")
@@ -648,21 +657,20 @@ def _flag_map(args):
     return flags
 
 
-def sglang_server_args_drift(args_result, expected_args, path):
+def _args_drift(args_result, expected_args, path):
     """How a rank's installed server-args.json differs from what the inventory renders for it.
 
     ``args_result`` is an ansible.builtin.slurp result of ``path``;
     ``expected_args`` the plan's ``args`` for that rank. Returns one sentence
     per differing flag, empty when the rank runs exactly what the inventory says.
     """
-    args_result = args_result or {}
-    if args_result.get("failed") or "content" not in args_result:
-        return [f"{path} is missing ({str(args_result.get('msg') or 'not read').strip()}): the rank was never "
-                "deployed by this role, or by a version that did not record its arguments"]
-    try:
-        installed = json.loads(base64.b64decode(args_result["content"]).decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
-        return [f"{path} is not valid JSON ({err})"]
+    installed, problem = _decode_slurp(args_result)
+    if problem:
+        kind, reason = problem
+        if kind == "json":
+            return [f"{path} is not valid JSON ({reason})"]
+        return [f"{path} is missing ({reason}): the rank was never deployed by this role, or by a version that "
+                "did not record its arguments"]
     if not isinstance(installed, list):
         return [f"{path} is not a JSON list of arguments"]
     have, want = _flag_map(installed), _flag_map(expected_args)
@@ -703,7 +711,7 @@ def sglang_server_rejoin_problems(reads, ctx, model, hostvars, expected):
         if plan["errors"]:
             found[rank] = plan["errors"]
             continue
-        problems = sglang_server_args_drift(got.get("args"), plan["args"], expected["args_file"])
+        problems = _args_drift(got.get("args"), plan["args"], expected["args_file"])
         lines = str((got.get("state") or {}).get("stdout", "")).splitlines()
         image_id = next((line.strip() for line in lines if line.startswith("sha256:")), "")
         # No ID here means check mode on a node that has not pulled yet: nothing to compare.
@@ -723,6 +731,5 @@ class FilterModule:
         return {
             "sglang_server_plan": sglang_server_plan,
             "sglang_server_checkpoint_problems": sglang_server_checkpoint_problems,
-            "sglang_server_args_drift": sglang_server_args_drift,
             "sglang_server_rejoin_problems": sglang_server_rejoin_problems,
         }
