@@ -19,6 +19,8 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
 PLAYBOOK = "playbooks/fabric.yml"
+# The one validation every playbook runs first (playbooks/inventory_check.yml).
+PLAN = "Refuse invalid SGLang server settings before any change"
 IFACE = "enp1s0f1np1"
 NETPLAN = "/etc/netplan/40-cx7.yaml"
 KEY = "/root/.ssh/id_spark_fabric"
@@ -92,7 +94,7 @@ def assert_refused(result, cluster, *fragments, by="Check "):
 def test_refuses_duplicate_fabric_addresses(fresh, sim_inventory):
     dup = fresh.nodes[0].fabric_ip
     result = run_playbook(PLAYBOOK, sim_inventory, extravars={"spark_fabric_ip": dup})
-    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1")
+    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1", "Fix:", by=PLAN)
 
 
 def test_refuses_address_off_the_common_subnet(fresh, sim_inventory, tmp_path):
@@ -111,7 +113,7 @@ def test_refuses_anything_but_one_head(fresh, sim_inventory, tmp_path, heads):
         spark["children"]["spark_workers"]["hosts"] = {h: v for h, v in hosts.items() if h not in heads}
 
     result = run_playbook(PLAYBOOK, inventory_variant(fresh, tmp_path, edit))
-    assert_refused(result, fresh, f"Group spark_head (fabric_head_group) holds {len(heads)} host(s)")
+    assert_refused(result, fresh, f"inventory group spark_head = {heads}: it must hold exactly one host", "Fix:", by=PLAN)
 
 
 def test_refuses_missing_interface(fresh, sim_inventory):
