@@ -123,6 +123,27 @@ def test_restart_under_limit_restarts_every_rank_head_stopped_first_workers_star
     assert table.count("PASS") == 4, table
 
 
+def test_restart_brings_back_a_rank_whose_crash_loop_hit_the_start_limit(deployed):
+    """A worker whose starts failed (driver not loaded) until systemd refused it; the cause then goes away."""
+    head, worker = deployed.nodes
+    sim.set_knobs(deployed.instance, worker.name, {"gpu": {"present": False}})
+    try:
+        # Each start fails at once; the unit's StartLimitBurst (3 per hour) then refuses the next one.
+        sh(worker, f"for i in 1 2 3 4 5; do systemctl start {UNIT} || true; "
+                   f"systemctl show -p Result --value {UNIT} | grep -qx start-limit-hit && break; sleep 1; done")
+        assert sh(worker, f"systemctl show -p Result --value {UNIT}").strip() == "start-limit-hit"
+        # systemd refuses a plain start now: the state `playbooks/restart.yml` must clear.
+        assert "rc=0" not in sh(worker, f"systemctl start {UNIT} 2>&1; echo rc=$?")
+    finally:
+        sim.set_knobs(deployed.instance, worker.name, {"gpu": {"present": True}})
+    result = run_playbook("playbooks/restart.yml", deployed.inventory,
+                          extravars={"sglang_server_readiness_timeout": READINESS})
+    assert result.rc == 0, result.stdout[-4000:]
+    assert [unit_times(n)[2] for n in deployed.nodes] == ["active", "active"]
+    table = "\n".join(result.results("Show the verification table")[head.name]["msg"])
+    assert table.count("PASS") == 4, table
+
+
 def test_stop_in_check_mode_changes_nothing(deployed):
     result = run_playbook("playbooks/stop.yml", deployed.inventory, check=True)
     assert result.rc == 0, result.stdout[-3000:]

@@ -1,0 +1,133 @@
+"""playbooks/inventory_check.yml: one validation, run first by every entry point.
+
+Every bad inventory or setting is refused before any node is contacted and before anything
+changes, through render.yml (the embedded default) and site.yml alike, with the variable, the
+value, why and the fix. The hosts use the `no_contact` connection (tests/lib/connection_plugins):
+a run that tried to reach a node would fail with "no_contact" instead of reaching an address.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lib.playbook import REPO, run_playbook
+
+PLAN = "Refuse invalid SGLang server settings before any change"
+NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
+HEAD = {"spark-0": {"ansible_host": "10.0.0.10", "spark_fabric_ip": "192.168.100.10"}}
+WORKERS = {"spark-1": {"ansible_host": "10.0.0.11", "spark_fabric_ip": "192.168.100.11"}}
+THIRD = {"spark-2": {"ansible_host": "10.0.0.12", "spark_fabric_ip": "192.168.100.12"}}
+
+
+def inventory(tmp_path: Path, head: dict, workers: dict) -> Path:
+    def hosts(group):
+        return {h: {**v, "ansible_connection": "no_contact"} for h, v in group.items()}
+
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"spark": {"children": {
+        "spark_head": {"hosts": hosts(head)}, "spark_workers": {"hosts": hosts(workers)}}}}))
+    return inv
+
+
+# (id, head, workers, extra vars, what the refusal must say)
+BAD = [
+    ("one-node", HEAD, {}, {}, "one node (spark-0) gives --tp-size 1: 181 GiB (spark_checkpoint_bytes) does not fit"),
+    ("three-nodes", HEAD, {**WORKERS, **THIRD}, {}, "gives --tp-size 3, which does not divide the 64 attention heads"),
+    ("same-fabric-ip", HEAD, {"spark-1": {**WORKERS["spark-1"], "spark_fabric_ip": "192.168.100.10"}}, {},
+     "spark_fabric_ip 192.168.100.10 of spark-0 is also the address of spark-1"),
+    ("fabric-ip-is-management", HEAD, {"spark-1": {**WORKERS["spark-1"], "spark_fabric_ip": "10.0.0.11"}}, {},
+     "hostvars['spark-1'].spark_fabric_ip = '10.0.0.11': equals its ansible_host"),
+    ("image-latest", HEAD, WORKERS, {"sglang_server_image": "lmsysorg/sglang:latest"},
+     "sglang_server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves"),
+    ("image-untagged", HEAD, WORKERS, {"sglang_server_image": "lmsysorg/sglang"},
+     "sglang_server_image = 'lmsysorg/sglang': no tag means :latest"),
+    ("model-dir-trailing-slash", HEAD, WORKERS, {"spark_model_dir": "/opt/models/glm53/"},
+     "sglang_server_model_dir = '/opt/models/glm53/': ends in a slash"),
+    ("port-not-a-number", HEAD, WORKERS, {"sglang_server_port": "abc"},
+     "sglang_server_port = 'abc': the head's HTTP port must be a TCP port number"),
+]
+
+
+def assert_refused_before_contact(result, fragment: str):
+    assert result.rc != 0, result.stdout[-3000:]
+    assert {d["task"] for d in result.failed} == {PLAN}, result.stdout[-3000:]
+    assert result.changed == []
+    assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
+    message = result.failure_messages()
+    assert fragment in message and "Fix:" in message, message
+    # Ansible's own argument-spec dump never comes first: the project's message does.
+    assert "Validating arguments" not in " ".join(d["task"] for d in result.failed)
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/render.yml", "site.yml"])
+@pytest.mark.parametrize("case", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_input_is_refused_before_any_contact(tmp_path, playbook, case):
+    head, workers, extravars, fragment = case
+    out = tmp_path / "rendered"
+    result = run_playbook(playbook, inventory(tmp_path, head, workers),
+                          extravars={"sglang_server_render_dir": str(out), **extravars}, envvars=NO_CONTACT)
+    assert_refused_before_contact(result, fragment)
+    assert not out.exists()
+
+
+def test_one_node_renders_when_acknowledged(tmp_path):
+    out = tmp_path / "rendered"
+    result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, {}), envvars=NO_CONTACT,
+                          extravars={"sglang_server_render_dir": str(out), "spark_acknowledge_single_node": True})
+    assert result.rc == 0, result.stdout[-3000:]
+    args = yaml.safe_load((out / "spark-0" / "server-args.json").read_text())
+    assert args[args.index("--tp-size") + 1] == "1" and args[args.index("--nnodes") + 1] == "1"
+
+
+def test_render_writes_exactly_the_inventory_hosts(tmp_path):
+    out = tmp_path / "rendered"
+    for stale in ("spark-9", "spark-00"):
+        (out / stale).mkdir(parents=True)
+        (out / stale / "server-args.json").write_text("[]\n")
+    (out / "notes").mkdir()
+    (out / "notes" / "keep.txt").write_text("not a render\n")
+    result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, WORKERS), envvars=NO_CONTACT,
+                          extravars={"sglang_server_render_dir": str(out)})
+    assert result.rc == 0, result.stdout[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["notes", "spark-0", "spark-1"]
+    assert (out / "notes" / "keep.txt").exists()
+
+
+def ansible_playbook(*args, cwd=REPO):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_NOCOLOR="1", **NO_CONTACT)
+    return subprocess.run([str(Path(os.sys.executable).parent / "ansible-playbook"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("playbook", ["site.yml", "playbooks/render.yml", "playbooks/status.yml"])
+@pytest.mark.parametrize("inventory_args", [[], ["-i", "inventory/no-such-site"]], ids=["no -i", "mistyped -i"])
+def test_no_inventory_contacts_no_host_and_fails(playbook, inventory_args, tmp_path):
+    run = ansible_playbook(playbook, *inventory_args, "-e", f"sglang_server_render_dir={tmp_path / 'out'}")
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "yields no host in the group spark" in run.stdout and "Fix: pass your site's inventory" in run.stdout
+    # Only the controller's check ran: no play reached a node, the example's included.
+    assert "spark-0" not in run.stdout and "10.0.0." not in run.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_deploy_with_arguments_but_no_inventory_refuses():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    run = subprocess.run([str(REPO / "scripts" / "deploy"), "-e", "x=y"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "refusing to run site.yml without an inventory" in run.stderr
+    assert "Fix: scripts/deploy -i inventory/<yoursite> -e x=y" in run.stderr
+    assert "PLAY [" not in run.stdout
+
+
+def test_ansible_cfg_names_no_default_inventory():
+    text = (REPO / "ansible.cfg").read_text()
+    assert not any(line.strip().startswith("inventory") for line in text.splitlines()), textwrap.shorten(text, 300)
