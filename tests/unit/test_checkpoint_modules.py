@@ -6,33 +6,37 @@ these tests also pin the record format to what the hub reports.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.standins.hub_emulator import HubEmulator, build_checkpoint
+from tests.lib.role_module import module_utils, run_role_module
+from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "roles" / "checkpoint" / "library"
 SCALES = "model-input-scales.safetensors"
 SHARD = "model-00042-of-00120.safetensors"
+MODULES = sorted(p.stem for p in LIBRARY.glob("*.py"))
 
 
 def run_module(name: str, args: dict, tmp: Path, check: bool = False) -> dict:
-    argsfile = tmp / f"{name}-args.json"
-    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check}}))
-    proc = subprocess.run([sys.executable, str(LIBRARY / f"{name}.py"), str(argsfile)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        pytest.fail(f"{name} printed no JSON: {proc.stdout}\n{proc.stderr}")
+    # With the role's module_utils importable as ansible.module_utils.<name>, as Ansible ships it.
+    return run_role_module("checkpoint", name, args, tmp, check=check)
+
+
+def load_file(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -292,3 +296,73 @@ def test_progress_ignores_an_older_run_and_sees_the_end(tmp_path):
     (jobs / "j1").write_text(json.dumps({"changed": True, "fetched": []}))
     res = run_module("checkpoint_progress", args, tmp_path)
     assert res["finished"] and res["line"] == "1.0 GiB / 2.0 GiB"
+
+
+def test_a_broken_stream_resumes_from_the_bytes_on_disk_within_the_run(tmp_path):
+    # Bigger than the client's 10 MiB write chunk, so the broken first stream leaves bytes behind.
+    root = tmp_path / "hub"
+    info = build_checkpoint(root, seed=11)
+    shard_path = root / info["repo_id"] / info["new"] / SHARD
+    shard_path.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(24 << 20)}))
+    size, cut = shard_path.stat().st_size, 16 << 20
+    with HubEmulator(root) as hub:
+        hub.fault(SHARD, drop_at=cut, then_unavailable=False)
+        res = run_module("checkpoint_fetch", {"repo_id": info["repo_id"], "revision": info["new"],
+                                              "model_dir": str(tmp_path / "glm53"), "endpoint": hub.url,
+                                              "files": [SHARD]}, tmp_path)
+        assert not res.get("failed"), res
+        ranges = [rng for method, path, rng in hub.requests if path.endswith(SHARD) and method == "GET"]
+        assert len(ranges) == 2 and ranges[0] is None, ranges
+        resumed_at = int(ranges[1].removeprefix("bytes=").removesuffix("-"))
+        assert 0 < resumed_at <= cut
+        assert hub.served()[SHARD] == cut + size - resumed_at, "only the missing bytes are asked again"
+    assert (tmp_path / "glm53" / SHARD).read_bytes() == shard_path.read_bytes()
+    assert not (tmp_path / ".glm53.partial" / f"{SHARD}.part").exists()
+
+
+def test_fetch_uses_only_the_public_api_of_the_hub_client():
+    """Names exported by huggingface_hub or huggingface_hub.utils only: an upgrade may move anything else."""
+    import huggingface_hub  # noqa: PLC0415 - the pinned client of the toolchain venv
+    import huggingface_hub.utils  # noqa: PLC0415
+
+    public = {"huggingface_hub": set(huggingface_hub.__all__) | {"__version__"},
+              "huggingface_hub.utils": set(huggingface_hub.utils.__all__)}
+    source = (LIBRARY / "checkpoint_fetch.py").read_text()
+    imported = [(node.module, alias.name) for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("huggingface_hub")
+                for alias in node.names]
+    assert imported, "checkpoint_fetch imports the client"
+    assert [(m, n) for m, n in imported if n not in public.get(m, set())] == []
+    assert "file_download" not in source and "http_get" not in source
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_module_documents_its_attributes_examples_and_return_values(name):
+    tree = ast.parse((LIBRARY / f"{name}.py").read_text())
+    blocks = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+    doc = yaml.safe_load(blocks["DOCUMENTATION"])
+    assert doc["module"] == name
+    assert "checkpoint role's internal use" in " ".join(doc["description"])
+    assert "ansible.builtin.action_common_attributes" in doc["extends_documentation_fragment"]
+    assert doc["attributes"]["check_mode"]["support"] in ("full", "partial")
+    assert doc["attributes"]["diff_mode"]["support"] in ("full", "partial", "none", "N/A")
+    assert yaml.safe_load(blocks["EXAMPLES"]) and yaml.safe_load(blocks["RETURN"])
+
+
+def test_helpers_are_written_once_in_module_utils():
+    common = module_utils("checkpoint", "checkpoint_common")
+    shared = {n for n in dir(common) if not n.startswith("_")}
+    for name in MODULES:
+        tree = ast.parse((LIBRARY / f"{name}.py").read_text())
+        defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+        assert defined & shared == set(), f"{name} defines its own copy of {defined & shared}"
+        source = (LIBRARY / f"{name}.py").read_text()
+        assert "hashlib.sha256(json.dumps" not in source, f"{name} computes the stamp digest itself"
+
+
+def test_module_paths_follow_the_spark_role_rule():
+    common = module_utils("checkpoint", "checkpoint_common")
+    spark = load_file("spark_filter", REPO / "roles" / "spark" / "filter_plugins" / "spark.py")
+    for model_dir in ("/opt/models/glm53", "/srv/a/b/GLM-5.3_x+1"):
+        assert common.checkpoint_paths(model_dir) == spark.spark_checkpoint_paths(model_dir)

@@ -10,12 +10,15 @@ DOCUMENTATION = r"""
 module: checkpoint_fetch
 short_description: Download a pinned Hugging Face model revision into a local directory, resumably
 description:
+  - For the checkpoint role's internal use (its record and fetch steps); options and return values may
+    change with the role.
   - Reads the file list of O(repo_id) at the commit O(revision) from the hub (model info with file
     metadata) and writes it as a record beside the checkpoint (O(record_path)) with every file's size,
     the sha256 of every LFS file and the git blob sha1 of every other file, as the hub reports them.
     Later verification (M(checkpoint_verify)) needs no network.
-  - Downloads files into O(model_dir) as a plain local directory (no cache symlinks), through
-    huggingface_hub. Every file is downloaded into O(staging_dir) as C(<name>.part) and moved into
+  - Downloads files into O(model_dir) as a plain local directory (no cache symlinks), through the public
+    API of huggingface_hub (its file URLs, headers, shared HTTP session, retries and error reporting, as
+    C(hf download) uses them). Every file is downloaded into O(staging_dir) as C(<name>.part) and moved into
     place only when complete, so a complete file is never replaced by a partial one and an
     interrupted download resumes from the bytes already on disk (HTTP Range) on the next run.
   - Without O(files), fetches every file of the record that is missing or has the wrong size.
@@ -86,8 +89,16 @@ options:
     description: Seconds to wait for the hub to answer a request before retrying.
     type: float
     default: 60
-notes:
-  - Supports check mode; in check mode the record is read from the hub but not written, and nothing is downloaded.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: The record is read from the hub but not written, and nothing is downloaded; RV(fetched) lists what would be.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 on the target's Python.
 """
@@ -141,6 +152,10 @@ seconds:
   description: Wall time of the download.
   returned: always
   type: float
+client_version:
+  description: Version of huggingface_hub that ran.
+  returned: always
+  type: str
 """
 
 import json
@@ -150,55 +165,30 @@ import shutil
 import sys
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from types import SimpleNamespace
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.checkpoint_common import (
+    REVISION_RE,
+    Rate,
+    atomic_write,
+    checkpoint_paths,
+    free_bytes,
+    human_bytes,
+    load_json,
+    progress_line,
+    safe_relpath,
+    write_progress,
+)
 
-REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 RECORD_FORMAT = 1
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def default_paths(model_dir: str) -> tuple[str, str]:
-    parent, name = os.path.split(model_dir.rstrip("/"))
-    return os.path.join(parent, name + ".record.json"), os.path.join(parent, "." + name + ".partial")
-
-
-def atomic_write(path: str, data: bytes, mode: int) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def load_record(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+# The client's own download chunk (huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE): the same
+# writes as `hf download`, and a cut transfer keeps whole chunks on disk.
+CHUNK = 10 * 1024 * 1024
+# Attempts to resume one file after its stream broke without a byte arriving in between.
+RESUMES = 5
 
 
 def record_from_hub(api, repo_id: str, revision: str, endpoint: str) -> dict:
@@ -224,11 +214,6 @@ def record_from_hub(api, repo_id: str, revision: str, endpoint: str) -> dict:
     }
 
 
-def safe_relpath(name: str) -> bool:
-    parts = name.split("/")
-    return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
-
-
 class Progress:
     """Writes progress of the running download once a second.
 
@@ -247,8 +232,7 @@ class Progress:
         self.completed_bytes = 0
         self.completed_files = 0
         self.start = time.monotonic()
-        self.initial: int | None = None
-        self.samples: deque = deque(maxlen=30)
+        self.rate = Rate()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -276,17 +260,8 @@ class Progress:
     def snapshot(self, state: str) -> dict:
         now = time.monotonic()
         done = self.done_bytes()
-        if self.initial is None:
-            self.initial = done
-        self.samples.append((now, done))
-        t0, d0 = self.samples[0]
-        rate = (done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
-        eta = (self.total - done) / rate if rate > 0 else None
-        pct = 100.0 * done / self.total if self.total else 100.0
-        line = (
-            f"{human_bytes(done)} / {human_bytes(self.total)} ({pct:.1f}%), "
-            f"{self.completed_files}/{self.nfiles} files, {human_bytes(rate)}/s, ETA {human_duration(eta)}"
-        )
+        rate, eta = self.rate.update(now, done, self.total)
+        line = progress_line(done, self.total, rate, eta, f", {self.completed_files}/{self.nfiles} files")
         return {
             "id": self.id,
             "kind": "fetch",
@@ -303,11 +278,7 @@ class Progress:
         }
 
     def write(self, state: str) -> None:
-        data = json.dumps(self.snapshot(state)).encode()
-        try:
-            atomic_write(self.path, data, 0o644)
-        except OSError:
-            pass
+        write_progress(self.path, self.snapshot(state))
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
@@ -344,11 +315,54 @@ def prepare_staging(staging: str, revision: str) -> None:
         atomic_write(marker, (revision + "\n").encode(), 0o644)
 
 
-def partial_size(staging: str, name: str) -> int:
+def size_on_disk(path: str) -> int:
     try:
-        return os.stat(os.path.join(staging, name + ".part")).st_size
+        return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def partial_size(staging: str, name: str) -> int:
+    return size_on_disk(os.path.join(staging, name + ".part"))
+
+
+def download(hub: SimpleNamespace, url: str, part: str, size: int, *, headers: dict, timeout: float) -> None:
+    """Complete the partial file ``part`` of a ``size``-byte file from ``url``, resuming with HTTP Range.
+
+    ``hub`` holds the client's public HTTP helpers (imported late, see main), so requests go through
+    its shared session, retries on 408/429 and error reporting, as they do for `hf download`. A
+    stream that breaks is resumed from the bytes on disk, up to RESUMES times in a row without a
+    byte arriving; a server that ignores the Range (200, not 206) has the file written from its start.
+    """
+    left = RESUMES
+    while True:
+        have = size_on_disk(part)
+        if have == size:
+            break
+        if have > size:
+            have = 0  # longer than the file: not a prefix of it, written anew below
+        request = dict(headers)
+        if have:
+            request["Range"] = f"bytes={have}-"
+        received = 0
+        try:
+            with hub.stream("GET", url, headers=request, timeout=timeout,
+                            retry_on_exceptions=(), retry_on_status_codes=(408, 429)) as response:
+                hub.raise_for_status(response)
+                with open(part, "ab" if have and response.status_code == 206 else "wb") as f:
+                    for chunk in response.iter_bytes(chunk_size=CHUNK):
+                        f.write(chunk)
+                        received += len(chunk)
+        except hub.transport_errors:
+            left = RESUMES if received else left - 1
+            if left <= 0:
+                raise
+            time.sleep(1)
+            continue
+        break
+    final = os.path.getsize(part)
+    if final != size:
+        raise OSError(f"consistency check failed: {url} should be {size} bytes, {final} arrived")
 
 
 def main() -> None:
@@ -384,9 +398,9 @@ def main() -> None:
         module.fail_json(msg=f"repo_id={p['repo_id']!r} is not of the form owner/name.")
     if not os.path.isabs(model_dir):
         module.fail_json(msg=f"model_dir={model_dir!r} must be an absolute local path.")
-    default_record, default_staging = default_paths(model_dir)
-    record_path = p["record_path"] or default_record
-    staging = p["staging_dir"] or default_staging
+    paths = checkpoint_paths(model_dir)
+    record_path = p["record_path"] or paths["record"]
+    staging = p["staging_dir"] or paths["partial_dir"]
     progress_path = p["progress_path"] or os.path.join(staging, "progress.json")
     endpoint = p["endpoint"].rstrip("/")
 
@@ -397,11 +411,17 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(int(p["timeout"])))
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(p["timeout"])))
     try:
-        # Imported late: HF_ENDPOINT must be in the environment first.
-        from huggingface_hub import HfApi  # noqa: PLC0415
+        # Imported late: HF_ENDPOINT must be in the environment first. Public API only (the
+        # package's and huggingface_hub.utils' exports), so a client upgrade cannot pull an
+        # internal helper from under the module.
+        from huggingface_hub import HfApi, hf_hub_url  # noqa: PLC0415
         from huggingface_hub import __version__ as hf_version  # noqa: PLC0415
-        from huggingface_hub.file_download import hf_hub_url, http_get  # noqa: PLC0415
-        from huggingface_hub.utils import build_hf_headers  # noqa: PLC0415
+        from huggingface_hub.utils import (  # noqa: PLC0415
+            build_hf_headers,
+            hf_raise_for_status,
+            http_stream_backoff,
+            httpx,
+        )
     except ImportError as e:
         module.fail_json(
             msg=f"huggingface_hub is not importable by {sys.executable} ({e}). "
@@ -413,8 +433,8 @@ def main() -> None:
     result = {"changed": False, "record_path": record_path, "record_written": False, "fetched": [],
               "fetched_bytes": 0, "planned_bytes": 0, "seconds": 0.0, "client_version": hf_version}
 
-    record = load_record(record_path)
-    if not record or record.get("revision") != revision or record.get("repo_id") != p["repo_id"] \
+    record = load_json(record_path)
+    if not isinstance(record, dict) or record.get("revision") != revision or record.get("repo_id") != p["repo_id"] \
             or record.get("format") != RECORD_FORMAT:
         api = HfApi(endpoint=endpoint, token=token, library_name="spark-checkpoint")
         try:
@@ -460,8 +480,7 @@ def main() -> None:
     os.makedirs(model_dir, mode=0o755, exist_ok=True)
     prepare_staging(staging, revision)
     still_needed = sum(files[n]["size"] - min(partial_size(staging, n), files[n]["size"]) for n in plan)
-    st = os.statvfs(staging)
-    free = st.f_bavail * st.f_frsize
+    free = free_bytes(staging)
     if free < still_needed + p["disk_reserve_bytes"]:
         module.fail_json(
             msg=f"checkpoint_model_dir={model_dir}: the filesystem has {human_bytes(free)} free but the "
@@ -471,6 +490,9 @@ def main() -> None:
         )
 
     headers = build_hf_headers(token=token, library_name="spark-checkpoint")
+    hub = SimpleNamespace(stream=http_stream_backoff, raise_for_status=hf_raise_for_status,
+                          transport_errors=httpx.TransportError)
+    timeout = float(os.environ["HF_HUB_DOWNLOAD_TIMEOUT"])
     before = {n: partial_size(staging, n) for n in plan}
     errors: dict[str, str] = {}
     started = time.monotonic()
@@ -479,15 +501,9 @@ def main() -> None:
         entry = files[name]
         part = os.path.join(staging, name + ".part")
         os.makedirs(os.path.dirname(part), exist_ok=True)
-        have = partial_size(staging, name)
-        if have > entry["size"]:
-            os.unlink(part)
-            have = 0
         progress.begin(name)
         url = hf_hub_url(p["repo_id"], name, revision=revision, endpoint=endpoint)
-        with open(part, "ab") as f:
-            http_get(url, f, resume_size=have, headers=dict(headers), expected_size=entry["size"],
-                     displayed_filename=name)
+        download(hub, url, part, entry["size"], headers=headers, timeout=timeout)
         os.chmod(part, 0o644)
         dest = os.path.join(model_dir, name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)

@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 module: checkpoint_progress
 short_description: Report the progress of an async checkpoint transfer, waiting a bounded time for news
 description:
+  - For the checkpoint role's internal use (it follows the role's async fetch and sync); options and
+    return values may change with the role.
   - Reads the progress file that M(checkpoint_fetch) or M(checkpoint_sync) writes while it runs as an
     async task, and the async job's status file, waiting up to O(wait) seconds (less if the job ends).
   - Returns a one-line summary (RV(line)) that a play prints, so a long transfer shows bytes, rate
@@ -37,8 +39,17 @@ options:
     description: Seconds to wait before reporting, unless the job finishes earlier.
     type: int
     default: 15
-notes:
-  - Supports check mode.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; it runs the same in check mode.
+  diff_mode:
+    support: N/A
+    details: Never changes anything.
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -64,23 +75,15 @@ progress:
   type: dict
 """
 
-import json
 import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-
-def read_json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+from ansible.module_utils.checkpoint_common import load_json
 
 
 def job_finished(job_file: str) -> bool:
-    data = read_json(job_file)
+    data = load_json(job_file)
     if data is None:
         # The wrapper writes the file before the job starts; no file means it ended and was cleaned up.
         return not os.path.exists(job_file)
@@ -105,8 +108,8 @@ def main() -> None:
     while not finished and time.monotonic() < deadline:
         time.sleep(0.5)
         finished = job_finished(job_file)
-    progress = read_json(p["path"])
-    if progress is not None and progress.get("id") != p["progress_id"]:
+    progress = load_json(p["path"])
+    if not isinstance(progress, dict) or progress.get("id") != p["progress_id"]:
         progress = None
     if progress is None:
         line = "finished" if finished else "starting"

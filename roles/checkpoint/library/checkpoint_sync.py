@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 module: checkpoint_sync
 short_description: Push checkpoint files to another node with parallel, resumable rsync streams
 description:
+  - For the checkpoint role's internal use (its sync step); options and return values may change with
+    the role.
   - Runs on the node that holds a verified checkpoint (the head) and pushes the listed O(files) to
     O(dest_host) over SSH, splitting them into O(streams) disjoint subsets balanced by size, one
     rsync process each, so the copy approaches link or disk speed rather than one SSH stream's
@@ -71,8 +73,16 @@ options:
     description: Identifier written into the progress file so a poller can tell this run from an earlier one.
     type: str
     default: ""
-notes:
-  - Supports check mode (reports what would be sent, sends nothing).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports what would be sent (RV(sent)) and sends nothing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 requirements:
   - rsync on both nodes; SSH from this node to O(dest_user)@O(dest_host) without a password prompt.
 """
@@ -113,7 +123,6 @@ streams:
   elements: dict
 """
 
-import json
 import os
 import re
 import shlex
@@ -121,28 +130,19 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import deque
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.checkpoint_common import (
+    Rate,
+    checkpoint_paths,
+    progress_line,
+    safe_relpath,
+    write_progress,
+)
 
 PROGRESS_RE = re.compile(rb"^\s*([\d,]+)\s+\d+%")
 STAT_FILES_RE = re.compile(r"Number of regular files transferred:\s*([\d,]+)")
 STAT_SENT_RE = re.compile(r"Total bytes sent:\s*([\d,]+)")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def split_balanced(files: list[str], sizes: dict[str, int], n: int) -> list[list[str]]:
@@ -183,16 +183,6 @@ class Stream:
         self.stderr = b"".join(err_chunks)
 
 
-def write_progress(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -214,14 +204,13 @@ def main() -> None:
     p = module.params
     src = os.path.normpath(p["src_dir"])
     dest = os.path.normpath(p["dest_dir"])
-    parent, name = os.path.split(dest)
-    partial_dir = p["partial_dir"] or os.path.join(parent, f".{name}.partial", "rsync")
+    partial_dir = p["partial_dir"] or checkpoint_paths(dest)["rsync_partial_dir"]
     files = sorted(set(p["files"]))
     result = {"changed": False, "sent": files, "transferred_files": 0, "bytes_sent": 0, "seconds": 0.0,
               "streams": []}
     if not files:
         module.exit_json(**result)
-    bad = [f for f in files if f.startswith("/") or ".." in f.split("/")]
+    bad = [f for f in files if not safe_relpath(f)]
     if bad:
         module.fail_json(msg=f"refusing paths outside the checkpoint: {bad}", **result)
     sizes = {}
@@ -252,21 +241,16 @@ def main() -> None:
         threads = [threading.Thread(target=s.run, daemon=True) for s in streams]
         for t in threads:
             t.start()
-        samples: deque = deque(maxlen=30)
+        rate_window = Rate()
         while any(t.is_alive() for t in threads):
             if progress_path:
                 now = time.monotonic()
                 done = sum(s.done for s in streams)
-                samples.append((now, done))
-                t0, d0 = samples[0]
-                rate = (done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
-                eta = (total - done) / rate if rate > 0 else None
+                rate, eta = rate_window.update(now, done, total)
                 write_progress(progress_path, {
                     "id": p["progress_id"], "kind": "sync", "state": "running", "pid": os.getpid(),
                     "done_bytes": done, "total_bytes": total, "rate_bytes_per_s": rate, "eta_s": eta,
-                    "line": f"{human_bytes(done)} / {human_bytes(total)} "
-                            f"({100.0 * done / total if total else 100:.1f}%) to {p['dest_host']}, "
-                            f"{len(streams)} streams, {human_bytes(rate)}/s, ETA {human_duration(eta)}"})
+                    "line": progress_line(done, total, rate, eta, f" to {p['dest_host']}, {len(streams)} streams")})
             for t in threads:
                 t.join(timeout=1.0 / len(threads))
         result["seconds"] = round(time.monotonic() - started, 3)

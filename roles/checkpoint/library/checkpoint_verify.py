@@ -10,6 +10,9 @@ DOCUMENTATION = r"""
 module: checkpoint_verify
 short_description: Verify a local model checkpoint against the record of its pinned revision, offline
 description:
+  - For the checkpoint role's internal use (its converge steps); options and return values may change
+    with the role. Other roles ask the role's C(stamp) entry point (M(checkpoint_stamp)) whether the
+    stamp vouches.
   - Compares O(model_dir) with the record written by M(checkpoint_fetch) (file names, sizes, sha256 of
     LFS files, git blob sha1 of the others). Needs no network and no third-party Python package.
   - Fast mode (seconds) checks the exact file set (nothing missing, nothing extra), every size, the
@@ -74,8 +77,19 @@ options:
         (with the re-fetch list) and only a refused code-like file fails the task.
     type: bool
     default: true
-notes:
-  - Supports check mode; the stamp is then neither written nor removed.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: The stamp is neither written nor removed; RV(changed) says whether it would be.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - module: checkpoint_stamp
+    description: Reads the stamp for other roles.
 """
 
 EXAMPLES = r"""
@@ -158,6 +172,23 @@ revision:
   description: Revision of the record.
   returned: always
   type: str
+mode:
+  description: The O(mode) that ran.
+  returned: always
+  type: str
+structure_problems:
+  description: Problems of the record itself (not the expected model); fetching again cannot fix them.
+  returned: always
+  type: list
+  elements: str
+file_count:
+  description: Files in the record.
+  returned: always
+  type: int
+seconds:
+  description: Wall time of the check.
+  returned: always
+  type: float
 stamp:
   description: Content of the verified-stamp after this run, or null when there is none.
   returned: always
@@ -173,6 +204,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.checkpoint_common import (
+    atomic_write,
+    free_bytes,
+    load_json,
+    new_stamp,
+    read_json,
+    stamp_matches,
+)
 
 SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyx", ".sh", ".bash", ".so", ".dylib", ".dll", ".exe", ".pl", ".rb",
@@ -198,14 +237,6 @@ def hash_file(path: str, entry: dict) -> tuple[str, str]:
         while n := f.readinto(buf):
             h.update(view[:n])
     return algo, h.hexdigest()
-
-
-def free_bytes(path: str) -> int:
-    probe = path
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    st = os.statvfs(probe or "/")
-    return st.f_bavail * st.f_frsize
 
 
 def is_code_like(path: str, st: os.stat_result) -> bool:
@@ -310,12 +341,12 @@ def main() -> None:
     model_dir = os.path.normpath(p["model_dir"])
     record = p["record"]
     if record is None:
-        try:
-            with open(p["record_path"], encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError) as e:
-            module.fail_json(msg=f"cannot read the record {p['record_path']}: {e}. Fix: run the checkpoint role "
-                             "on the head first; it writes the record and copies it to the workers.")
+        record, problem = read_json(p["record_path"])
+        if problem is None and not (isinstance(record, dict) and isinstance(record.get("files"), dict)):
+            problem = ("json", "not a record (no files mapping)")
+        if problem:
+            module.fail_json(msg=f"cannot read the record {p['record_path']}: {problem[1]}. Fix: run the checkpoint "
+                             "role on the head first; it writes the record and copies it to the workers.")
     if p["revision"] and record.get("revision") != p["revision"]:
         module.fail_json(msg=f"the record {p['record_path']} is of revision {record.get('revision')}, "
                          f"checkpoint_revision is {p['revision']}.")
@@ -401,38 +432,21 @@ def main() -> None:
 
     stamp_path = p["stamp_path"]
     if stamp_path:
-        current = None
-        try:
-            with open(stamp_path, encoding="utf-8") as f:
-                current = json.load(f)
-        except (OSError, ValueError):
-            current = None
-        record_digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        current = load_json(stamp_path)
         if not ok:
             if os.path.lexists(stamp_path):
                 result["changed"] = True
                 if not module.check_mode:
                     os.unlink(stamp_path)
-        elif p["mode"] == "deep":
-            same = (current or {}).get("revision") == record["revision"] and \
-                (current or {}).get("record_sha256") == record_digest
-            if same:
-                result["stamp"] = current
-            else:
-                stamp = {"repo_id": record.get("repo_id"), "revision": record["revision"],
-                         "record_sha256": record_digest, "model_dir": model_dir, "mode": "deep",
-                         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                result["stamp"] = stamp
-                result["changed"] = True
-                if not module.check_mode:
-                    tmp = f"{stamp_path}.tmp.{os.getpid()}"
-                    with open(tmp, "w", encoding="utf-8") as f:
-                        json.dump(stamp, f, indent=1)
-                    os.chmod(tmp, 0o644)
-                    os.replace(tmp, stamp_path)
-        elif (current or {}).get("revision") == record["revision"] and \
-                (current or {}).get("record_sha256") == record_digest:
+        elif stamp_matches(current, record):
+            # Fast or deep, a stamp of this very record still vouches; a deep pass leaves it as it is.
             result["stamp"] = current
+        elif p["mode"] == "deep":
+            stamp = new_stamp(record, model_dir)
+            result["stamp"] = stamp
+            result["changed"] = True
+            if not module.check_mode:
+                atomic_write(stamp_path, json.dumps(stamp, indent=1).encode(), 0o644)
 
     if structural:
         module.fail_json(

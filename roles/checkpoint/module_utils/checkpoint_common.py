@@ -1,0 +1,262 @@
+"""What the checkpoint role's modules share, written once.
+
+Formatting of bytes, durations and transfer progress; atomic writes; reading
+JSON files (the record, the stamp, progress files); the record's paths beside
+a model directory; and the verified-stamp: what it holds, its record digest
+and when it vouches for a checkpoint. checkpoint_verify writes the stamp and
+checkpoint_stamp reads it for other roles, both through this file, so the
+stamp's meaning has one owner.
+
+Standard library only, no Ansible import: the modules import it as
+``ansible.module_utils.checkpoint_common`` (Ansible ships it with each module
+from the role's module_utils directory, also to the hub client's venv) and the
+unit tests load the file directly.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import posixpath
+import re
+import time
+from collections import deque
+
+# A pinned commit: anything shorter or symbolic can move or be ambiguous.
+REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+# ---- formatting ----------------------------------------------------------------------------------
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Rate:
+    """Rate over the last samples (about 30 s at one sample a second) and the ETA it implies.
+
+    A window rather than the average since the start, so a resumed transfer (bytes already on
+    disk) or a stall shows in the rate within seconds.
+    """
+
+    def __init__(self, window: int = 30):
+        self.samples: deque = deque(maxlen=window)
+
+    def update(self, now: float, done: int, total: int) -> tuple[float, float | None]:
+        self.samples.append((now, done))
+        t0, d0 = self.samples[0]
+        rate = (done - d0) / (now - t0) if now - t0 > 0.5 else 0.0
+        eta = (total - done) / rate if rate > 0 else None
+        return rate, eta
+
+
+def progress_line(done: int, total: int, rate: float, eta: float | None, detail: str) -> str:
+    """One line a play prints, e.g. '12.0 GiB / 181.0 GiB (6.6%), 9/131 files, 110.2 MiB/s, ETA 0:26:13'."""
+    pct = 100.0 * done / total if total else 100.0
+    return (f"{human_bytes(done)} / {human_bytes(total)} ({pct:.1f}%){detail}, "
+            f"{human_bytes(rate)}/s, ETA {human_duration(eta)}")
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` in one rename, so a reader never sees half a file.
+
+    ``durable`` also syncs the bytes before the rename (the record, the stamp); a progress file,
+    rewritten every second and worthless after a crash, skips that.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_progress(path: str, data: dict) -> None:
+    """Publish a transfer's progress for a poller; a failed write only costs one update."""
+    try:
+        atomic_write(path, json.dumps(data).encode(), 0o644, durable=False)
+    except OSError:
+        pass
+
+
+def decode_json(raw: bytes | str) -> tuple[object, tuple[str, str] | None]:
+    """(data, None), or (None, ("json", reason)) when ``raw`` is not JSON text."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(text), None
+    except (UnicodeDecodeError, ValueError) as err:
+        return None, ("json", str(err))
+
+
+def read_json(path: str) -> tuple[object, tuple[str, str] | None]:
+    """(data, None), or (None, (kind, reason)) with kind "missing", "unread" or "json"."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            return None, ("missing", err.strerror or "not found")
+        return None, ("unread", err.strerror or str(err))
+    return decode_json(raw)
+
+
+def load_json(path: str):
+    """The JSON content of ``path``, or None when it is absent or not JSON."""
+    data, problem = read_json(path)
+    return None if problem else data
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes on the filesystem that holds (or will hold) ``path``."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe or "/")
+    return st.f_bavail * st.f_frsize
+
+
+def safe_relpath(name: str) -> bool:
+    """A path inside the checkpoint: relative, without empty, "." or ".." components."""
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def checkpoint_paths(model_dir: str) -> dict:
+    """The record, verified-stamp and partial directories beside ``model_dir``, named after it.
+
+    The same rule as the spark role's ``spark_checkpoint_paths`` filter, which the role's tasks use
+    (a unit test holds the two to the same answers); the modules use it for their defaults.
+    """
+    parent, name = posixpath.split(model_dir)
+    partial = posixpath.join(parent, f".{name}.partial")
+    return {
+        "model_dir": model_dir,
+        "record": posixpath.join(parent, f"{name}.record.json"),
+        "stamp": posixpath.join(parent, f"{name}.verified"),
+        "partial_dir": partial,
+        "rsync_partial_dir": posixpath.join(partial, "rsync"),
+    }
+
+
+# ---- the verified-stamp --------------------------------------------------------------------------
+
+def record_digest(files: dict) -> str:
+    """The stamp's ``record_sha256``: SHA-256 of the record's ``files`` as canonical JSON.
+
+    Deployed stamps carry this exact value: changing the serialisation would make every existing
+    stamp refuse its checkpoint.
+    """
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def new_stamp(record: dict, model_dir: str) -> dict:
+    """The stamp written after a passing deep verification of ``model_dir`` against ``record``."""
+    return {"repo_id": record.get("repo_id"), "revision": record["revision"],
+            "record_sha256": record_digest(record["files"]), "model_dir": model_dir, "mode": "deep",
+            "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def stamp_matches(stamp, record: dict) -> bool:
+    """Whether ``stamp`` was written for this very record (its revision and its file list)."""
+    return isinstance(stamp, dict) and stamp.get("revision") == record.get("revision") \
+        and stamp.get("record_sha256") == record_digest(record["files"])
+
+
+def show(value) -> str:
+    """Render a value the way the operator typed it in YAML."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _json_object(read, path, what, errors):
+    """The object a read_json result holds; None (with the problem noted) when there is none."""
+    data, problem = read
+    if problem:
+        kind, reason = problem
+        if kind == "json":
+            errors.append(f"{what} {path} is not valid JSON ({reason})")
+        elif kind == "missing":
+            errors.append(f"{what} {path} does not exist")
+        else:
+            errors.append(f"{what} {path} could not be read ({reason})")
+        return None
+    if not isinstance(data, dict):
+        errors.append(f"{what} {path} is not a JSON object")
+        return None
+    return data
+
+
+def stamp_problems(stamp_read, record_read, *, revision, model_dir, stamp_path, record_path,
+                   model_dir_variable="checkpoint_model_dir", revision_variable="checkpoint_revision") -> list[str]:
+    """What keeps the verified-stamp from vouching for ``model_dir`` at ``revision``.
+
+    ``stamp_read`` and ``record_read`` are read_json results of the two files. The stamp vouches
+    when it records a deep check of this directory at the pinned revision against the record
+    beside it (same repository, revision and file list): reading the two small files is enough,
+    the checkpoint is not hashed again. The ``*_variable`` names are the caller's, so a message
+    names the variable the operator would fix. Returns every problem, empty when it vouches.
+    """
+    errors: list[str] = []
+    if not isinstance(revision, str) or not REVISION_RE.fullmatch(revision):
+        errors.append(
+            f"{revision_variable} = {show(revision)} is not a pinned 40-hex commit, so no stamp can "
+            "be matched against it (set checkpoint_revision in the inventory)"
+        )
+    stamp = _json_object(stamp_read, stamp_path, "the verified-stamp", errors)
+    record = _json_object(record_read, record_path, "the checkpoint record", errors)
+    if stamp is not None:
+        if stamp.get("mode") != "deep":
+            errors.append(f"the stamp {stamp_path} records a {show(stamp.get('mode'))} check, not a deep one")
+        if isinstance(revision, str) and stamp.get("revision") != revision:
+            errors.append(
+                f"the stamp {stamp_path} is for revision {show(stamp.get('revision'))}, the pinned revision is "
+                f"{show(revision)}"
+            )
+        stamped_dir = stamp.get("model_dir")
+        if not isinstance(stamped_dir, str) or posixpath.normpath(stamped_dir) != posixpath.normpath(str(model_dir)):
+            errors.append(
+                f"the stamp {stamp_path} vouches for {show(stamped_dir)}, not for {model_dir_variable} = "
+                f"{show(model_dir)}"
+            )
+    if stamp is not None and record is not None:
+        files = record.get("files")
+        if not isinstance(files, dict):
+            errors.append(f"the checkpoint record {record_path} lists no files")
+        elif stamp.get("record_sha256") != record_digest(files):
+            errors.append(
+                f"the stamp {stamp_path} was written for another record than {record_path} "
+                "(the record changed after the last deep verification)"
+            )
+        if record.get("revision") != stamp.get("revision") or record.get("repo_id") != stamp.get("repo_id"):
+            errors.append(
+                f"the record {record_path} is of {show(record.get('repo_id'))}@{show(record.get('revision'))}, the "
+                f"stamp of {show(stamp.get('repo_id'))}@{show(stamp.get('revision'))}"
+            )
+    return errors
