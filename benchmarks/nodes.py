@@ -21,6 +21,8 @@ from tests.harness import cluster as sim
 
 REPO = Path(__file__).resolve().parents[1]
 LIBRARY = REPO / "roles" / "checkpoint" / "library"
+# The helpers the role's modules import as ansible.module_utils.<name>.
+MODULE_UTILS = REPO / "roles" / "checkpoint" / "module_utils"
 _BIN = Path(sys.executable).parent
 
 
@@ -111,6 +113,7 @@ class StagedModule:
             os.environ,
             ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
             ANSIBLE_LIBRARY=str(LIBRARY),
+            ANSIBLE_MODULE_UTILS=str(MODULE_UTILS),
             ANSIBLE_KEEP_REMOTE_FILES="1",
             ANSIBLE_REMOTE_TMP=remote_tmp,
             ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.control_dir),
