@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -17,12 +16,12 @@ import pytest
 import yaml
 
 from tests.lib.playbook import REPO, run_playbook
-from tests.lib.seed import SEED_FLAGS
+from tests.lib.seed import FACTS, SEED_FLAGS, facts_launch_args
+from tests.lib.unit_file import exec_words, launch_args
 
 INVENTORY = REPO / "inventory" / "spark"
 PLAYBOOK = "playbooks/render.yml"
 VALIDATION_TASK = "Refuse invalid SGLang server settings before any change"
-FACTS = REPO.parent / "shared" / "reference" / "deployment-facts.md"
 
 # deployment-facts.md, "The field-tested launch command", in its order
 # (model-path and tp-size are derived and checked separately).
@@ -38,15 +37,6 @@ def pairs(args: list[str]) -> list[tuple[str, str | None]]:
         else:
             out[-1] = (out[-1][0], token)
     return out
-
-
-def unit_launch_args(unit_text: str) -> list[str]:
-    """The sglang.launch_server arguments of ExecStart, as systemd would split them."""
-    exec_start = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit_text, re.M | re.S).group(1)
-    words = shlex.split(exec_start.replace("\\\n", " "))
-    if "-m" in words:
-        return words[words.index("sglang.launch_server") + 1:]
-    return words[words.index("-c") + 2:]
 
 
 def render(out: Path, extravars: dict | None = None, **kwargs):
@@ -122,8 +112,7 @@ def test_server_args_are_the_seed_flag_by_flag_plus_topology(rendered, host):
 def test_seed_list_of_this_test_is_the_facts_file_one():
     if not FACTS.exists():
         pytest.skip(f"{FACTS} is not beside this checkout")
-    block = FACTS.read_text().split("python3 -m sglang.launch_server", 1)[1].split("\n\n", 1)[0]
-    facts = [p for p in pairs(shlex.split(block.replace("\\\n", " "))) if p[0] not in ("--model-path", "--tp-size")]
+    facts = [p for p in pairs(facts_launch_args()) if p[0] not in ("--model-path", "--tp-size")]
     assert facts == SEED
 
 
@@ -133,9 +122,8 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
     unit = (out / host / "sglang.service").read_text()
     args = json.loads((out / host / "server-args.json").read_text())
     assert unit.startswith("#\n# Ansible managed\n")
-    assert unit_launch_args(unit) == args
-    exec_start = re.search(r"^ExecStart=(.*?)(?<!\\)$", unit, re.M | re.S).group(1)
-    words = shlex.split(exec_start.replace("\\\n", " "))
+    assert launch_args(unit) == args
+    words = exec_words(unit)
     assert words[:2] == ["/usr/bin/docker", "run"]
     docker_opts = " ".join(words[: words.index("lmsysorg/sglang:glm-5.3-flash-arm64")])
     for option in (
@@ -217,7 +205,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
         assert "--disable-shared-experts-fusion" not in args
         assert args[-1] == "--enable-metrics"
         unit = (out / host / "sglang.service").read_text()
-        assert unit_launch_args(unit) == args
+        assert launch_args(unit) == args
         assert "/dev/infiniband" not in unit
         env = (out / host / "sglang.env").read_text()
         assert "NCCL_IB_HCA=mlx5_0,mlx5_1\n" in env

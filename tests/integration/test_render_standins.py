@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -19,6 +17,7 @@ import urllib.request
 import pytest
 
 from tests.lib.playbook import REPO, run_playbook
+from tests.lib.unit_file import exec_lines
 
 DOCKER = REPO / "tests" / "standins" / "bin" / "docker"
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
@@ -30,14 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
-
-
-def exec_lines(unit: str) -> dict[str, list[str]]:
-    out = {}
-    for key in ("ExecStartPre", "ExecStart", "ExecStop"):
-        text = re.search(rf"^{key}=(.*?)(?<!\\)$", unit, re.M | re.S).group(1)
-        out[key] = shlex.split(text.replace("\\\n", " ").lstrip("-"))
-    return out
 
 
 def get(port, path, headers=None):

@@ -12,7 +12,6 @@ itself could not fail.
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import time
 import urllib.request
@@ -23,6 +22,7 @@ import yaml
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
 from tests.lib.seed import SEED_FLAGS
+from tests.lib.unit_file import launch_args
 
 SERVER = "playbooks/server.yml"
 UNIT = "sglang.service"
@@ -202,13 +202,7 @@ def test_every_flag_reaches_each_rank_one_by_one(serving):
         # The unit's ExecStart holds the same list as the process (one flag per line).
         unit = ssh(node, f"cat {UNIT_PATH}")
         # ExecStart= and its continuation lines (each ending in a backslash), nothing after them.
-        block = []
-        for line in unit.split("\nExecStart=", 1)[1].splitlines():
-            block.append(line.removesuffix("\\"))
-            if not line.endswith("\\"):
-                break
-        tokens = shlex.split(" ".join(block))
-        assert tokens[tokens.index("sglang.launch_server") + 1:] == want, node.name
+        assert launch_args(unit) == want, node.name
         # What the container was given to run the rank with (a real GB10 rank needs each).
         run = docker_run_argv(node)
         for option in (["--gpus", "all"], ["--network", "host"], ["--ipc", "host"], ["--cap-add", "IPC_LOCK"],

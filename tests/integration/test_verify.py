@@ -22,14 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.lib.playbook import REPO, run_playbook
+from tests.lib.seed import seed_args
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 LOOPBACK = "127.0.0.1"
 API_KEY = "sk-VerifyPlant3dKey0123456789"  # noqa: S105 - planted on purpose
-SEED_FLAGS = ["--trust-remote-code", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
-              "--dsa-decode-backend", "tilelang", "--moe-runner-backend", "flashinfer_cutlass", "--kv-cache-dtype",
-              "bfloat16", "--disable-shared-experts-fusion", "--mem-fraction-static", "0.84", "--context-length", "65536",
-              "--max-running-requests", "2"]
+# The seed without its parsers: each test names the parsers it serves with.
+SEED_FLAGS = seed_args(without=("--reasoning-parser", "--tool-call-parser"))
 
 
 def free_port() -> int:

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.roles import flag_model
+
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "sglang_doctor"
 
@@ -95,7 +97,7 @@ LINES: dict[str, tuple[list[str], int, bool]] = {
     ], 0, True),
 }
 CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__sglang_doctor_fingerprints"]
-FLAG_MODEL = yaml.safe_load((REPO / "roles/sglang_server/vars/main.yml").read_text())["__sglang_server_flag_model"]
+FLAG_MODEL = flag_model()
 
 NOW = 1_800_000_000.0
 

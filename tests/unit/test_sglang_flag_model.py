@@ -1,76 +1,20 @@
 """The sglang_server flag model: defaults, derived topology, every guard rail.
 
-The expected seed flags are written out here on purpose (and checked against
+The expected seed flags are written out (tests/lib/seed.py) on purpose (and checked against
 the facts file when it is beside the checkout) instead of being read from the
 model: a test that compared the model with itself could not fail.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shlex
-from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "sglang_server"
-FACTS = REPO.parent / "shared" / "reference" / "deployment-facts.md"
-
-# deployment-facts.md, "The field-tested launch command", minus --model-path/--tp-size (derived).
-SEED = [
-    "--trust-remote-code",
-    "--attention-backend", "dsa",
-    "--dsa-prefill-backend", "tilelang",
-    "--dsa-decode-backend", "tilelang",
-    "--moe-runner-backend", "flashinfer_cutlass",
-    "--kv-cache-dtype", "bfloat16",
-    "--disable-shared-experts-fusion",
-    "--reasoning-parser", "glm45",
-    "--tool-call-parser", "glm47",
-    "--mem-fraction-static", "0.84",
-    "--context-length", "65536",
-    "--max-running-requests", "2",
-]
-
-
-def _load_filter():
-    spec = importlib.util.spec_from_file_location("sglang_server_filter", ROLE / "filter_plugins" / "sglang_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-FILTER = _load_filter()
-VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-MODEL = VARS["__sglang_server_flag_model"]
-DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-
-
-def seed_from_facts() -> list[str]:
-    text = FACTS.read_text()
-    block = text.split("python3 -m sglang.launch_server", 1)[1].split("\n\n", 1)[0]
-    return shlex.split(block.replace("\\\n", " "))
-
-
-def ctx(host="spark-0", **changes):
-    """The plan's input as vars/main.yml builds it, with the role defaults."""
-    base = {
-        "inventory_hostname": host,
-        "head_group": ["spark-0"],
-        "worker_group": ["spark-1"],
-        "fabric_ips": {"spark-0": "192.168.100.10", "spark-1": "192.168.100.11"},
-        "container_model_root": VARS["__sglang_server_container_model_root"],
-        "sglang_server_fabric_interface": "enp1s0f1np1",
-    }
-    for key, value in DEFAULTS.items():
-        if isinstance(value, str) and "{{" in value:
-            continue
-        base[key] = value
-    base.update(changes)
-    return base
+from tests.lib.seed import FACTS
+from tests.lib.seed import SEED_ARGS as SEED
+from tests.lib.seed import facts_launch_args as seed_from_facts
+from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
 
 def plan(**changes):

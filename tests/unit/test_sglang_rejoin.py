@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from tests.unit.test_sglang_flag_model import FILTER, MODEL, SEED, ctx
+from tests.lib.seed import SEED_FLAGS
+from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
 ARGS_FILE = "/etc/sglang/server-args.json"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -33,17 +34,7 @@ STAMP = {"repo_id": RECORD["repo_id"], "revision": REVISION, "model_dir": MODEL_
 
 def head_args(**values):
     """What the head (rank 0 of 2) runs with the role defaults, as server-args.json holds it."""
-    pairs = [("--model-path", "/models/glm53"), ("--trust-remote-code", None), ("--tp-size", "2")]
-    rest = SEED[1:]
-    i = 0
-    while i < len(rest):
-        flag = rest[i]
-        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-            pairs.append((flag, rest[i + 1]))
-            i += 2
-        else:
-            pairs.append((flag, None))
-            i += 1
+    pairs = [("--model-path", "/models/glm53"), SEED_FLAGS[0], ("--tp-size", "2"), *SEED_FLAGS[1:]]
     pairs += [("--nnodes", "2"), ("--node-rank", "0"), ("--dist-init-addr", "192.168.100.10:20000"),
               ("--host", "0.0.0.0"), ("--port", "30000")]  # noqa: S104 - compared, not bound
     out = []

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 import pytest
 
 from tests.lib.seed import SEED_FLAGS
+from tests.lib.unit_file import launch_args as unit_launch_args
 
 HARNESS_INVENTORY = Path(os.environ.get("SPARK_SIM_STATE", "/run/spark-sim")) / os.environ.get(
     "SPARK_SIM_INSTANCE", "molecule") / "inventory" / "hosts.json"
@@ -35,10 +35,7 @@ def head_name(host):
 
 def launch_args(host):
     """The arguments after sglang.launch_server in the installed unit's ExecStart."""
-    unit = host.file("/etc/systemd/system/sglang.service").content_string
-    start = unit.split("ExecStart=", 1)[1].split("\nExec", 1)[0].replace("\\\n", " ")
-    words = shlex.split(start)
-    return words[words.index("sglang.launch_server") + 1:]
+    return unit_launch_args(host.file("/etc/systemd/system/sglang.service").content_string)
 
 
 def test_node_runs_real_systemd(host):

@@ -1,0 +1,69 @@
+"""What the tests read from the roles' own files, each from the one place that knows where it lives.
+
+The flag model is moving from the server role's vars (`__sglang_server_flag_model`) to the site
+role's (`spark_flag_model`): `flag_model()` reads the new place when it holds the model and the old
+one until then, so no test names either file.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+
+# Where the SGLang flag model lives, preferred first.
+FLAG_MODEL_PLACES = (
+    (ROLES / "spark" / "vars" / "main.yml", "spark_flag_model"),
+    (ROLES / "sglang_server" / "vars" / "main.yml", "__sglang_server_flag_model"),
+)
+
+
+@functools.cache
+def _yaml(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def role_vars(role: str) -> dict:
+    """roles/<role>/vars/main.yml as YAML (Jinja expressions stay strings)."""
+    return _yaml(ROLES / role / "vars" / "main.yml")
+
+
+def role_defaults(role: str) -> dict:
+    """roles/<role>/defaults/main.yml as YAML (Jinja expressions stay strings)."""
+    return _yaml(ROLES / role / "defaults" / "main.yml")
+
+
+def flag_model() -> dict:
+    """The SGLang flag model, wherever the roles keep it today."""
+    for path, key in FLAG_MODEL_PLACES:
+        model = _yaml(path).get(key)
+        if model:
+            return model
+    places = ", ".join(f"{key} in {path.relative_to(REPO)}" for path, key in FLAG_MODEL_PLACES)
+    raise LookupError(f"no SGLang flag model found ({places})")
+
+
+def keyed_launcher() -> str:
+    """The `python3 -c` program the unit runs instead of `-m sglang.launch_server` when an API key is set."""
+    return role_vars("sglang_server")["__sglang_server_keyed_launcher"]
+
+
+@functools.cache
+def filter_plugin(role: str, name: str | None = None) -> ModuleType:
+    """roles/<role>/filter_plugins/<name>.py (default: the role's name), imported as a module."""
+    path = ROLES / role / "filter_plugins" / f"{name or role}.py"
+    module_name = f"{role}_filter_{name or role}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look their module up here
+    spec.loader.exec_module(module)
+    return module

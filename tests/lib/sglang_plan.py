@@ -1,0 +1,32 @@
+"""The sglang_server filter and the input its plan is built from, for the unit tests of the plan.
+
+Shared by the tests of the flag model and of the rejoin check, so that neither
+test module imports the other.
+"""
+
+from __future__ import annotations
+
+from tests.lib.roles import filter_plugin, flag_model, role_defaults, role_vars
+
+FILTER = filter_plugin("sglang_server")
+MODEL = flag_model()
+VARS = role_vars("sglang_server")
+DEFAULTS = role_defaults("sglang_server")
+
+
+def ctx(host="spark-0", **changes):
+    """The plan's input as vars/main.yml builds it, with the role defaults."""
+    base = {
+        "inventory_hostname": host,
+        "head_group": ["spark-0"],
+        "worker_group": ["spark-1"],
+        "fabric_ips": {"spark-0": "192.168.100.10", "spark-1": "192.168.100.11"},
+        "container_model_root": VARS["__sglang_server_container_model_root"],
+        "sglang_server_fabric_interface": "enp1s0f1np1",
+    }
+    for key, value in DEFAULTS.items():
+        if isinstance(value, str) and "{{" in value:
+            continue
+        base[key] = value
+    base.update(changes)
+    return base
