@@ -4,19 +4,22 @@ A re-run of site.yml (an operator re-converging, Molecule's idempotence step)
 finds the SGLang rank of `sglang.service` holding the GPU and most of the
 unified memory. The rank here is the stand-in server, started by the docker
 stand-in inside a transient unit named like the server's, exactly as the
-unit's ExecStart does; the nvidia-smi stand-in then lists its processes as
-compute apps, as the real driver does.
+unit's ExecStart does (with or without an API key); the nvidia-smi stand-in
+then lists the processes holding the GPU as compute apps, as the real driver
+does: the rank, not the docker client.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import time
 
 import pytest
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
+from tests.lib.roles import keyed_launcher
 
 PLAYBOOK = "playbooks/preflight.yml"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
@@ -27,6 +30,7 @@ REFUSE_TASK = "Refuse a server unit name that systemd and docker cannot both use
 MODEL_PARENT = "/opt/models"
 MODEL_DIR = f"{MODEL_PARENT}/glm53"
 SCRATCH_MODEL_DIR = "/var/tmp/preflight-rank-model"
+SCRATCH_ENV_FILE = "/var/tmp/preflight-rank.env"
 MIB = 1024 * 1024
 # Far above any test machine's MemAvailable: the memory floor fails wherever it is applied.
 HUGE_FLOOR = {"preflight_memory_available_min_mib": 64 * 1024 * 1024}
@@ -86,12 +90,17 @@ def rank(sim_cluster):
     """
     started = []
 
-    def start(name, unit=UNIT, container="sglang", port=30999, model_dir=SCRATCH_MODEL_DIR):
+    def start(name, unit=UNIT, container="sglang", port=30999, model_dir=SCRATCH_MODEL_DIR, *, api_key=None):
         n = node(sim_cluster, name)
         started.append((n, unit, container))
         sim.ssh(n, f"mkdir -p {model_dir} && touch {model_dir}/processor_config.json")
+        # With an API key the unit runs the keyed launcher (`python3 -c ...`) instead of the module.
+        launch, env = "python3 -m sglang.launch_server", ""
+        if api_key:
+            sim.ssh(n, f"umask 077 && echo SGLANG_API_KEY={api_key} > {SCRATCH_ENV_FILE}")
+            launch, env = f"python3 -c {shlex.quote(keyed_launcher())}", f"--env-file {SCRATCH_ENV_FILE} "
         sim.ssh(n, f"systemd-run --unit {unit} --collect --quiet /usr/bin/docker run --rm --name {container} "
-                   f"--gpus all --volume {model_dir}:/model:ro {IMAGE} python3 -m sglang.launch_server "
+                   f"--gpus all --volume {model_dir}:/model:ro {env}{IMAGE} {launch} "
                    f"--model-path /model --host 127.0.0.1 --port {port} --context-length 4096 "
                    "--max-running-requests 2")
         wait_for(lambda: "fired up" in sim.ssh(n, f"journalctl -u {unit} --no-pager -q", check=False),
@@ -103,7 +112,7 @@ def rank(sim_cluster):
     yield start
     for n, unit, container in reversed(started):
         sim.ssh(n, f"systemctl stop {unit}; systemctl reset-failed {unit}; docker rm -f {container}", check=False)
-        sim.ssh(n, f"rm -rf {SCRATCH_MODEL_DIR}", check=False)
+        sim.ssh(n, f"rm -rf {SCRATCH_MODEL_DIR} {SCRATCH_ENV_FILE}", check=False)
         wait_for(lambda n=n, unit=unit: sim.ssh(n, f"systemctl is-active {unit}", check=False).strip() != "active",
                  f"{unit} to stop")
 
@@ -173,6 +182,24 @@ def test_running_rank_passes_and_says_why(sim_inventory, small_fs, rank):
     assert f"needs {HUGE_FLOOR['preflight_memory_available_min_mib']} MiB" in row(result, "spark-1", "FATAL", "memory")
 
 
+def test_a_rank_started_with_an_api_key_is_the_units_own(sim_inventory, sim_cluster, rank):
+    # sglang_server_api_key set: the unit's rank is `python3 -c <launcher>`, which names no sglang.launch_server.
+    held = rank("spark-0", api_key="sk-PreflightKeyed0123")
+    n = node(sim_cluster, "spark-0")
+    assert len(held) == 1 and sim.ssh(n, f"tr '\\0' ' ' < /proc/{min(held)}/cmdline").split()[1] == "-c"
+    # The docker client, the unit's main process, holds no GPU and is not listed, as with the real driver.
+    client = int(sim.ssh(n, f"systemctl show --property=MainPID --value {UNIT}"))
+    assert client not in gpu_pids(n) and client in cgroup_pids(n, f"/system.slice/{UNIT}")
+
+    result = run_playbook(PLAYBOOK, sim_inventory)
+    assert result.rc == 0, summary(result)
+    assert result.changed == []
+    assert findings(result) == {("spark-0", "INFO", "gpu-busy")}
+    note = row(result, "spark-0", "INFO", "gpu-busy")
+    assert note.startswith("the GPU is held by the running SGLang rank (expected on a re-run)"), note
+    assert pids_in(note) == held
+
+
 def test_foreign_gpu_processes_stay_fatal_beside_the_rank(sim_inventory, rank, knobs):
     held = rank("spark-0")
     # A second SGLang started by hand in another unit and container: same command line, not ours.
@@ -216,7 +243,8 @@ def test_processes_in_the_units_container_scope_are_the_rank(sim_inventory, sim_
     n = node(sim_cluster, "spark-0")
     container_id = "5bd1e0c2" * 8
     scope = f"docker-{container_id}.scope"
-    engine = "/usr/bin/python3 -c 'import time; time.sleep(600)' sglang.launch_server"
+    # A process holding the GPU: the nvidia-smi stand-in lists what has the GPU's device open.
+    engine = "sh -c 'mkdir -p /var/lib/spark-sim/gpu && exec sleep 600 3<>/var/lib/spark-sim/gpu/nvidia0'"
     sim.ssh(n, f"systemd-run --unit {UNIT} --collect --quiet sleep 600")
     sim.ssh(n, f"setsid -f systemd-run --scope --unit {scope} --collect --quiet {engine} </dev/null >/dev/null 2>&1")
     try:

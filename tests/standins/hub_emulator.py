@@ -19,17 +19,22 @@ connection is dropped mid-body, then the file answers 503 until the fault is cle
 client gives up and a later run must resume); :meth:`HubEmulator.serve_stale` makes a path serve
 the bytes of an older commit (a mirror holding a stale copy).
 
-It binds only to the address it is given (127.0.0.1 by default) and contacts no other host.
+It binds only to the address it is given (127.0.0.1 by default), an IP address, never a name, and
+contacts no other host. It resolves no name either: http.server's own bind asks the resolver for the
+bound address's name (``socket.getfqdn``), a reverse DNS query about a test address that would go to
+the site's resolver; :class:`NumericHTTPServer` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import os
 import random
 import socket
+import socketserver
 import struct
 import threading
 from collections import defaultdict
@@ -136,10 +141,26 @@ class Store:
         return "2026-08-30T00:00:00.000Z"
 
 
+class NumericHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer that resolves no name: no test may send a DNS query about a test address.
+
+    http.server.HTTPServer.server_bind sets ``server_name`` from ``socket.getfqdn(host)``, a reverse
+    lookup of the bound address (nothing here reads server_name); a numeric address is bound as it is.
+    """
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = host
+        self.server_port = port
+
+
 class HubEmulator:
     """Run the emulator in a background thread: ``with HubEmulator(root) as hub: hub.url``."""
 
     def __init__(self, root: Path | str, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000):
+        # A name would be resolved by the bind; the harness and the tests pass addresses.
+        ipaddress.ip_address(host)
         self.store = Store(Path(root))
         self.host = host
         self.page_size = page_size
@@ -156,7 +177,7 @@ class HubEmulator:
         class Handler(_Handler):
             hub = emulator
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = NumericHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread: threading.Thread | None = None
@@ -545,10 +566,17 @@ def build_checkpoint(root: Path | str, repo_id: str = REPO_ID, shards: int = 120
     return {"repo_id": repo_id, "old": old, "new": new, "files": sorted(files)}
 
 
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Local Hugging Face hub emulator (tests only).")
     ap.add_argument("--root", required=True, help="directory of <owner>/<name>/<sha>/ repositories")
-    ap.add_argument("--bind", default="127.0.0.1")
+    ap.add_argument("--bind", default="127.0.0.1", type=_address, help="an IP address (a name would be resolved)")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--generate", action="store_true", help="build the synthetic checkpoint under --root first")
     ap.add_argument("--shards", type=int, default=120)

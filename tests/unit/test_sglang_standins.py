@@ -1,4 +1,4 @@
-"""The docker and SGLang stand-ins, run locally as subprocesses on 127.0.0.1 only.
+"""The stand-ins (docker, the SGLang server, nvidia-smi, the hub), run locally on 127.0.0.1 only.
 
 SPARK_SIM_ROOT points the stand-ins' /etc, /var/lib, /usr/lib and /dev at a
 temporary directory, one per simulated node.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -20,9 +21,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.lib.roles import keyed_launcher
+from tests.lib.seed import SEED_FLAGS, flatten
+from tests.standins.hub_emulator import REPO_ID, HubEmulator, build_checkpoint
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "tests" / "standins" / "bin" / "docker"
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
+NVIDIA_SMI = REPO / "tests" / "standins" / "bin" / "nvidia-smi"
+HUB_EMULATOR = REPO / "tests" / "standins" / "hub_emulator.py"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 LOOPBACK = "127.0.0.1"
 HYBRID = ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
@@ -45,27 +52,26 @@ def model_dir(tmp_path):
 
 
 def server_args(model, port, *, nnodes=1, rank=0, dist_port=None, **flags):
-    """The seed's flags (deployment-facts.md), TileLang DSA kernels included, for one rank on this machine."""
-    args = ["--model-path", str(model), "--trust-remote-code", "--tp-size", str(nnodes),
-            "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang", "--dsa-decode-backend", "tilelang",
-            "--kv-cache-dtype", "bfloat16", "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
-            "--mem-fraction-static", "0.84", "--context-length", "65536", "--max-running-requests", "2",
-            "--nnodes", str(nnodes), "--node-rank", str(rank),
-            "--host", LOOPBACK, "--port", str(port)]
+    """The seed's flags (tests/lib/seed.py), TileLang DSA kernels included, for one rank on this machine.
+
+    Keyword flags change it: `context_length=32768` sets a value, `disable_cuda_graph=True` adds a
+    switch, `reasoning_parser=None` drops a flag.
+    """
+    pairs = [("--model-path", str(model)), SEED_FLAGS[0], ("--tp-size", str(nnodes)), *SEED_FLAGS[1:],
+             ("--nnodes", str(nnodes)), ("--node-rank", str(rank)), ("--host", LOOPBACK), ("--port", str(port))]
     if dist_port:
-        args += ["--dist-init-addr", f"{LOOPBACK}:{dist_port}"]
+        pairs.append(("--dist-init-addr", f"{LOOPBACK}:{dist_port}"))
     for name, value in flags.items():
         flag = "--" + name.replace("_", "-")
-        if value is None:
-            i = args.index(flag)
-            del args[i:i + 2]
-        elif value is True:
-            args.append(flag)
-        elif flag in args:
-            args[args.index(flag) + 1] = str(value)
+        change = None if value is None else (flag, None if value is True else str(value))
+        at = next((i for i, (known, _) in enumerate(pairs) if known == flag), None)
+        if at is None:
+            pairs += [change] if change else []
+        elif change:
+            pairs[at] = change
         else:
-            args += [flag, str(value)]
-    return args
+            del pairs[at]
+    return flatten(pairs)
 
 
 # What the rendered env file gives a rank, for "nodes" that are this machine (the fabric is the loopback).
@@ -130,6 +136,19 @@ def wait_ready(port, proc, timeout=30):
         except OSError:
             time.sleep(0.1)
     raise AssertionError("server did not become ready")
+
+
+def read_until(proc, text, timeout=30):
+    """Consume the process's output up to and including `text` (the event a test waits for)."""
+    fd, seen = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], f"no {text!r} within {timeout} s: {seen.decode()}"
+        chunk = os.read(fd, 65536)
+        assert chunk, f"exited before {text!r}: {seen.decode()}"
+        seen += chunk
+    return seen.decode()
 
 
 def stop(proc):
@@ -384,7 +403,8 @@ def test_rank0_serves_only_after_every_rank_joined_and_dies_with_a_peer(model_di
     head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist))
     worker = None
     try:
-        time.sleep(1.5)
+        # The head waits at the rendezvous for the worker: it must not serve yet.
+        read_until(head, "Init torch distributed begin.")
         assert head.poll() is None
         with pytest.raises(OSError):
             http(port, "/health")
@@ -710,3 +730,180 @@ def test_run_refuses_bad_memory_limits_like_docker(tmp_path, options, error):
     docker(root, "pull", IMAGE)
     r = docker(root, "run", "--rm", *options, IMAGE, "true")
     assert r.returncode == 125 and error in r.stderr
+
+
+# --- nvidia-smi: compute apps are the processes holding the GPU -------------------------------
+
+
+def smi(root, *args):
+    env = {**os.environ, "SPARK_SIM_ROOT": str(root)}
+    return subprocess.run([sys.executable, str(NVIDIA_SMI), *args], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def compute_apps(root) -> list[tuple[int, str]]:
+    r = smi(root, "--query-compute-apps=pid,process_name", "--format=csv,noheader")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [(int(pid), name) for pid, name in (line.split(", ") for line in r.stdout.splitlines())]
+
+
+def cmdline(pid) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["python3 -m sglang.launch_server", "API-key launcher"])
+def test_nvidia_smi_lists_the_rank_of_either_launcher_and_not_the_docker_client(tmp_path, model_dir, keyed):
+    root = node_root(tmp_path, "n")
+    assert docker(root, "pull", IMAGE).returncode == 0
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("SGLANG_API_KEY=sk-smi-test\n")
+    # What the unit runs (roles/sglang_server/templates/sglang.service.j2), with and without an API key.
+    launcher = ["python3", "-c", keyed_launcher()] if keyed else ["python3", "-m", "sglang.launch_server"]
+    port = free_port()
+    cmd = [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all", "--env-file",
+           str(env_file), "--volume", f"{model_dir}:/models/glm53:ro", IMAGE, *launcher,
+           *server_args("/models/glm53", port)]
+    assert compute_apps(root) == []
+    proc = subprocess.Popen(cmd, env={**os.environ, "SPARK_SIM_ROOT": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_ready(port, proc)
+        rank = int(docker(root, "inspect", "--format", "{{.State.Pid}}", "sglang").stdout)
+        assert rank != proc.pid
+        # The rank runs what the unit asked for; the docker client names the launcher in its own argv too.
+        assert cmdline(rank)[1:3] == launcher[1:]
+        assert launcher[2] in cmdline(proc.pid)
+        # Only the rank holds the GPU, as the driver would list it: not the client that started it.
+        assert compute_apps(root) == [(rank, sys.executable)]
+        if keyed:
+            assert http(port, "/v1/models", headers={"Authorization": "Bearer sk-smi-test"})[0] == 200
+        assert docker(root, "stop", "--time", "5", "sglang").returncode == 0
+        assert proc.wait(timeout=10) == 143
+        assert compute_apps(root) == []
+    finally:
+        stop(proc)
+
+
+def test_nvidia_smi_lists_knob_processes_beside_a_rank_until_the_rank_is_killed(tmp_path, model_dir):
+    root = knob_root(tmp_path, gpu={"processes": [{"pid": 4242, "name": "ollama"}]})
+    port = free_port()
+    rank = start_server(server_args(model_dir, port), root=root)
+    try:
+        wait_ready(port, rank)
+        assert compute_apps(root) == [(4242, "ollama"), (rank.pid, sys.executable)]
+        rows = smi(root, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout.splitlines()
+        uuid = smi(root, "--query-gpu=uuid", "--format=csv,noheader").stdout.strip()
+        assert rows == [f"4242, {uuid}", f"{rank.pid}, {uuid}"]
+        # However a rank ends (here as the OOM killer ends it), its GPU is free with it.
+        rank.send_signal(signal.SIGKILL)
+        rank.wait(timeout=10)
+        assert compute_apps(root) == [(4242, "ollama")]
+    finally:
+        stop(rank)
+
+
+def test_nvidia_smi_lists_nothing_of_another_node(tmp_path, model_dir):
+    port = free_port()
+    rank = start_server(server_args(model_dir, port), root=knob_root(tmp_path))
+    try:
+        wait_ready(port, rank)
+        assert compute_apps(knob_root(tmp_path)) == []
+    finally:
+        stop(rank)
+
+
+# --- the network rule: no stand-in resolves a name --------------------------------------------
+
+# Every resolver entry point of the socket module: each one a test address could reach the site's DNS through.
+RESOLVERS = ("getfqdn", "gethostbyaddr", "gethostbyname", "gethostbyname_ex", "getaddrinfo", "getnameinfo")
+NO_RESOLVER = (
+    "import os, socket, sys\n"
+    "def refuse(name):\n"
+    "    def resolve(*args, **kwargs):\n"
+    "        sys.stderr.write(f'name resolution: socket.{name}{args}\\n')\n"
+    "        sys.stderr.flush()\n"
+    "        os._exit(97)\n"
+    "    return resolve\n"
+    f"for name in {RESOLVERS!r}:\n"
+    "    setattr(socket, name, refuse(name))\n"
+)
+
+
+def without_resolver(program: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Run Python `program` with every resolver of the socket module replaced by an exit 97."""
+    return subprocess.Popen([sys.executable, "-c", NO_RESOLVER + program, *args], env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def raw_get(port: int, path: str, headers: str = "") -> str:
+    """An HTTP/1.0 GET to 127.0.0.1 over a bare socket: a numeric address, so nothing is resolved here either."""
+    with socket.socket() as s:
+        s.settimeout(10)
+        s.connect((LOOPBACK, port))
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {LOOPBACK}:{port}\r\n{headers}\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode(errors="replace")
+
+
+def get_when_up(port: int, path: str, proc: subprocess.Popen, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            return raw_get(port, path)
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing answered on port {port}"
+            time.sleep(0.1)
+
+
+def test_the_resolver_trap_catches_what_http_server_does_at_bind():
+    """The control: a plain http.server bind looks its address up (socket.getfqdn), and the trap sees it."""
+    proc = without_resolver("from http.server import HTTPServer, BaseHTTPRequestHandler\n"
+                            "HTTPServer(('127.0.0.1', 0), BaseHTTPRequestHandler)\n")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 97, out
+    assert "name resolution: socket.getfqdn('127.0.0.1',)" in out
+
+
+def test_hub_emulator_serves_without_resolving_a_name(tmp_path):
+    info = build_checkpoint(tmp_path / "hub", shards=2, shard_bytes=64)
+    port = free_port()
+    # As the harness starts it, on an address it is given (there the bridge's).
+    proc = without_resolver(f"import runpy, sys\nsys.argv = [{str(HUB_EMULATOR)!r}] + sys.argv[1:]\n"
+                            f"runpy.run_path({str(HUB_EMULATOR)!r}, run_name='__main__')\n",
+                            "--root", str(tmp_path / "hub"), "--bind", LOOPBACK, "--port", str(port))
+    try:
+        reply = get_when_up(port, f"/api/models/{REPO_ID}", proc)
+        assert reply.startswith("HTTP/1.1 200 ") and info["new"] in reply
+        reply = raw_get(port, f"/{REPO_ID}/resolve/main/config.json")
+        assert reply.startswith("HTTP/1.1 200 ") and "glm5_next" in reply
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    assert "name resolution" not in out, out
+
+
+def test_hub_emulator_takes_addresses_not_names(tmp_path):
+    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 address"):
+        HubEmulator(tmp_path, host="localhost")
+    r = subprocess.run([sys.executable, str(HUB_EMULATOR), "--root", str(tmp_path), "--bind", "localhost"],
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 2 and "argument --bind" in r.stderr
+
+
+def test_sglang_standin_serves_without_resolving_a_name(model_dir):
+    port = free_port()
+    proc = without_resolver(f"import runpy, sys\nsys.argv = [{str(SERVER)!r}] + sys.argv[1:]\n"
+                            f"runpy.run_path({str(SERVER)!r}, run_name='__main__')\n",
+                            *server_args(model_dir, port),
+                            env={"NVIDIA_VISIBLE_DEVICES": "all", "SPARK_SIM_ROOT": str(DEFAULT_ROOT)})
+    try:
+        reply = get_when_up(port, "/v1/models", proc)
+        assert reply.startswith("HTTP/1.0 200 ") and str(model_dir) in reply
+    finally:
+        out = stop(proc)
+    assert "name resolution" not in out, out

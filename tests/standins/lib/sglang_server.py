@@ -9,6 +9,8 @@ is there, in the order the real server meets it:
 
 1. argparse: an unknown flag exits 2 with "unrecognized arguments".
 2. No GPU in the container (docker ran without --gpus): "No CUDA GPUs are available".
+   Otherwise the rank holds the GPU from here on (its CUDA context): it keeps the
+   stand-in's device file open, so the nvidia-smi stand-in lists it as a compute app.
 3. A model path that is not a local directory is a hub repo id: the engine asks
    huggingface_hub for config.json. Nodes have no network, so this fails with
    huggingface_hub's messages (offline mode, HF_HUB_OFFLINE=1: "outgoing traffic
@@ -52,6 +54,7 @@ import re
 import select
 import signal
 import socket
+import socketserver
 import struct
 import sys
 import threading
@@ -60,6 +63,9 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KNOBS = os.environ.get("SPARK_SIM_ROOT", "") + "/etc/spark-sim/node.json"
+# The GPU a rank holds open while it lives, as a CUDA context holds /dev/nvidia0: the nvidia-smi
+# stand-in lists the processes that have it open (tests/standins/bin/nvidia-smi, GPU_DEVICE).
+GPU_DEVICE = os.environ.get("SPARK_SIM_ROOT", "") + "/var/lib/spark-sim/gpu/nvidia0"
 DEFAULTS = {
     "state_budget": 4 * 65536,
     "rendezvous_timeout": None,
@@ -883,6 +889,29 @@ class Engine:
         return {"role": "assistant", "content": raw_call, "reasoning_content": None, "tool_calls": None}, "stop", usage
 
 
+class NumericHTTPServer(ThreadingHTTPServer):
+    """Binds the address it is given and resolves no name.
+
+    http.server.HTTPServer.server_bind asks the resolver for the bound address's name
+    (socket.getfqdn), a DNS query about a test address; nothing here reads server_name.
+    """
+
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = host
+        self.server_port = port
+
+
+def hold_gpu():
+    """The rank's CUDA context: the GPU's device stays open until the process ends, however it ends."""
+    os.makedirs(os.path.dirname(GPU_DEVICE), exist_ok=True)
+    HELD.append(os.open(GPU_DEVICE, os.O_RDWR | os.O_CREAT, 0o666))
+
+
+HELD = []
+
+
 def make_handler(engine):
     class Handler(BaseHTTPRequestHandler):
         server_version = "uvicorn"
@@ -957,6 +986,7 @@ def main(argv):
         rank)
     if os.environ.get("NVIDIA_VISIBLE_DEVICES") in (None, "", "void", "none"):
         fail("RuntimeError: No CUDA GPUs are available", rank)
+    hold_gpu()
     if args.tp_size != args.nnodes:
         fail(f"AssertionError: tp_size {args.tp_size} must equal nnodes {args.nnodes} x 1 GPU per node "
              "on this GB10 cluster", rank)
@@ -990,7 +1020,7 @@ def main(argv):
         threading.Event().wait()
         return 0
     engine = Engine(args, k)
-    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(engine))
+    httpd = NumericHTTPServer((args.host, args.port), make_handler(engine))
     log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", 0)
     log("The server is fired up and ready to roll!", 0)
     try:
