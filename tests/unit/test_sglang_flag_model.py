@@ -69,14 +69,15 @@ def test_arg_lines_are_the_args_grouped_per_flag():
 
 
 def test_tp_size_is_nodes_times_gpus_and_workers_keep_inventory_order():
-    c = ctx(host="w2", worker_group=["w1", "w2"], sglang_server_gpus_per_node=2)
+    # Four nodes of two GPUs: --tp-size 8 divides the model's heads (three nodes would not).
+    c = ctx(host="w2", worker_group=["w1", "w2", "w3"], sglang_server_gpus_per_node=2)
     c["head_group"] = ["h"]
-    c["fabric_ips"] = {"h": "10.9.0.1", "w1": "10.9.0.2", "w2": "10.9.0.3"}
+    c["fabric_ips"] = {"h": "10.9.0.1", "w1": "10.9.0.2", "w2": "10.9.0.3", "w3": "10.9.0.4"}
     result = FILTER.sglang_server_plan(c, MODEL)
     args = result["args"]
     assert result["errors"] == []
-    assert args[args.index("--tp-size") + 1] == "6"
-    assert args[args.index("--nnodes") + 1] == "3"
+    assert args[args.index("--tp-size") + 1] == "8"
+    assert args[args.index("--nnodes") + 1] == "4"
     assert args[args.index("--node-rank") + 1] == "2"
     assert args[args.index("--dist-init-addr") + 1] == "10.9.0.1:20000"
 
@@ -380,10 +381,13 @@ def test_api_key_never_appears_in_errors_or_plan():
     assert any("sglang_server_api_key = <redacted>" in e for e in result["errors"])
 
 
-def test_model_dir_is_normalised_and_mounted_by_basename():
-    result = plan(sglang_server_model_dir="/srv/models/glm53/")
+def test_model_dir_is_mounted_by_basename_and_refused_unless_normal():
+    result = plan(sglang_server_model_dir="/srv/models/glm53")
     assert result["model_dir"] == "/srv/models/glm53"
     assert result["container_model_dir"] == "/models/glm53"
+    # A trailing slash used to be normalised here while the checkpoint role refused it.
+    assert "ends in a slash" in only_error(sglang_server_model_dir="/srv/models/glm53/")
+    assert "Fix: /srv/models/glm53" in only_error(sglang_server_model_dir="/srv//models/./glm53")
 
 
 def test_flag_model_is_well_formed():
