@@ -1,4 +1,24 @@
-"""Shared fixtures: the simulated Spark cluster and the playbook runner."""
+"""Shared fixtures: the simulated Spark cluster and the playbook runner.
+
+How test modules get simulated nodes (the README's Tests section says the same):
+
+- A module that changes node state (installs, configures, starts a rank, downloads) gets a
+  freshly booted pair of its own (`sim_cluster`, module scope), so it inherits nothing from
+  another module and leaves nothing to one.
+- A module marked `pytestmark = pytest.mark.shared_nodes` promises to only read node state
+  after the common setup (a freshly booted pair), putting back whatever it plants (a tmpfs, a
+  transient unit). It shares its worker's one pair with the other such modules that run on that
+  worker: booted when first needed, torn down at the end of the session. The promise is checked:
+  the pair is fingerprinted when it has booted and again after each module that used it
+  (tests/lib/node_state.py: changed files, units, mounts, addresses, routes, firewall,
+  processes, /tmp); any difference fails that module (an error in its last test's teardown)
+  and the pair is replaced, so a module that changes node state cannot pass while sharing.
+  The stand-in knobs are test controls, not node state: they are put back before the check.
+- Workers: pytest-xdist, `--dist loadfile` (a module and its pair stay on one worker) and
+  `--no-loadscope-reorder`, so that modules start in the order below (xdist would otherwise
+  start the modules with the most tests first, and a long module with few tests would run
+  last, alone). Each worker boots its pairs under instance names of its own.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +27,11 @@ import os
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib import node_state
 
 # Modules that converge whole clusters, longest first: with parallel workers
-# (pytest-xdist, --dist loadfile) a long module started last would finish
-# alone while the other worker idles. Everything else keeps its file order.
+# a long module started last would finish alone while the other worker idles.
+# Everything else keeps its file order.
 HEAVY_FIRST = (
     "test_server_nodes.py",
     "test_checkpoint_nodes.py",
@@ -22,15 +43,24 @@ HEAVY_FIRST = (
     "test_preflight.py",
     "test_harness.py",
 )
+SHARED_MARK = "shared_nodes"
 
 
-def sim_instance_name() -> str:
+def sim_instance_name(suffix: str = "") -> str:
     """SPARK_SIM_INSTANCE (default `pytest`), plus the xdist worker number when there is one,
-    so that parallel workers boot clusters of their own."""
+    so that parallel workers boot clusters of their own; `suffix` names a worker's second pair."""
     base = os.environ.get("SPARK_SIM_INSTANCE", "pytest")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     number = worker[2:] if worker.startswith("gw") else ""
-    return base[: 8 - len(number)] + number
+    return base[: 8 - len(number) - len(suffix)] + number + suffix
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        f"{SHARED_MARK}: the module only reads node state after a fresh boot and may share its worker's "
+        "booted pair (tests/conftest.py); checked after the module",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,18 +75,65 @@ def pytest_addoption(parser):
     parser.addoption("--keep-nodes", action="store_true", help="leave the simulated nodes up after the run")
 
 
-@pytest.fixture(scope="module")
-def sim_cluster(request):
-    """A freshly booted two-node simulated Spark cluster for each test module.
-
-    Each module gets nodes of its own, so no module inherits the units,
-    files or knobs another one left (a boot costs seconds). SPARK_SIM_INSTANCE
-    names it (default `pytest`), so parallel runs on one machine do not
-    collide. The local hub emulator serves the synthetic checkpoint on the
-    bridge; the inventory points the checkpoint role at it.
-    """
+def _require_root():
     if os.geteuid() != 0:
         pytest.fail("the simulated nodes need root (network namespaces, systemd-nspawn)")
+
+
+class SharedPair:
+    """A worker's pair for the modules marked shared_nodes, and the proof that each gave it back unchanged."""
+
+    def __init__(self, instance: str):
+        self.instance = instance
+        self.cluster: sim.Cluster | None = None
+        self.baseline: list[node_state.NodeState] = []
+        self.knobs: dict[str, bytes] = {}
+
+    def lend(self) -> sim.Cluster:
+        if self.cluster is None:
+            self.cluster = sim.up(self.instance, 2, hub=True)
+            self.baseline = node_state.snapshot(self.cluster)
+            self.knobs = node_state.knobs_of(self.cluster)
+        return self.cluster
+
+    def give_back(self, module: str) -> None:
+        node_state.restore_knobs(self.cluster, self.knobs)
+        found = node_state.changes(self.baseline, self.cluster)
+        if found:
+            self.down()  # the next module gets a fresh pair, not this one's leftovers
+            shown = "\n  ".join(found[:60]) + ("\n  ..." if len(found) > 60 else "")
+            pytest.fail(f"{module} is marked {SHARED_MARK} but changed the shared nodes; put back what it "
+                        f"plants or give it a pair of its own (drop the mark):\n  {shown}", pytrace=False)
+
+    def down(self) -> None:
+        if self.cluster is not None:
+            sim.down(self.instance)
+            self.cluster = None
+
+
+@pytest.fixture(scope="session")
+def shared_pair(request):
+    """The worker's pair for modules marked shared_nodes (booted on first use)."""
+    pair = SharedPair(sim_instance_name("s"))
+    yield pair
+    if not request.config.getoption("--keep-nodes"):
+        pair.down()
+
+
+@pytest.fixture(scope="module")
+def sim_cluster(request):
+    """A two-node simulated Spark cluster for the module: its own, or the worker's shared one.
+
+    A boot costs seconds. SPARK_SIM_INSTANCE names the instances (default `pytest`),
+    so parallel runs on one machine do not collide. The local hub emulator serves the
+    synthetic checkpoint on the bridge; the inventory points the checkpoint role at it.
+    """
+    _require_root()
+    if request.node.get_closest_marker(SHARED_MARK):
+        pair = request.getfixturevalue("shared_pair")
+        yield pair.lend()
+        pair.give_back(request.node.name)
+        return
     instance = sim_instance_name()
     c = sim.up(instance, 2, hub=True)
     yield c

@@ -13,6 +13,9 @@ import pytest
 
 from tests.harness import cluster as sim
 
+# These tests look at freshly booted nodes and change nothing (tests/conftest.py checks).
+pytestmark = pytest.mark.shared_nodes
+
 
 def sh(node, command, check=True):
     return sim.ssh(node, command, check=check)

@@ -13,6 +13,9 @@ import pytest
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
+# Preflight reads the nodes and changes nothing; what a test plants is put back (tests/conftest.py checks).
+pytestmark = pytest.mark.shared_nodes
+
 PLAYBOOK = "playbooks/preflight.yml"
 MODEL_PARENT = "/opt/models"
 MODEL_DIR = f"{MODEL_PARENT}/glm53"
@@ -71,7 +74,8 @@ def small_fs(sim_cluster):
 
     yield mount
     for n in mounted:
-        sim.ssh(n, f"umount {MODEL_PARENT}", check=False)
+        # The directory the mount point needed goes too: the nodes are shared with other reading modules.
+        sim.ssh(n, f"umount {MODEL_PARENT} && rmdir {MODEL_PARENT}", check=False)
 
 
 def test_preflight_passes_on_good_nodes_and_changes_nothing(sim_inventory):
