@@ -9,6 +9,7 @@ with the current values of the flags and variables they name, plus a ready
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -30,6 +31,9 @@ TOKENISH = re.compile(r"\b(?=[A-Za-z0-9_]*[A-Z])(?=[A-Za-z0-9_]*[a-z])(?=[A-Za-z
 # ...but CamelCase names (Glm5NextForConditionalGeneration) are code, not secrets.
 IDENTIFIER = re.compile(r"^(?:[A-Z][a-z]{2,}|[a-z]{2,}|[0-9]{1,2}|_)+$")
 REDACTED = "<redacted>"
+# The unit's properties the doctor reads and the bundle shows, of all that `systemctl show` lists.
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "NRestarts",
+                   "ActiveEnterTimestamp", "FragmentPath", "ExecStart")
 
 
 def redact(text, secrets=None):
@@ -304,9 +308,21 @@ def _rc(result):
     return (result or {}).get("rc")
 
 
+def _slurped(result):
+    """A slurp result's text, or None when the file could not be read."""
+    content = (result or {}).get("content")
+    return base64.b64decode(content).decode("utf-8", errors="replace") if content is not None else None
+
+
 def evidence(results, fabric_interface=""):
-    """Registered probe results of one node -> {node: input of findings(), facts: summary for output and bundle}."""
-    unit = props((results.get("unit") or {}).get("stdout", ""))
+    """Registered probe results of one node -> {node: input of findings(), facts: summary for output and bundle}.
+
+    unit: systemd_service's result (its status: `systemctl show`); journal: the rank's journal, then the kernel's
+    after a '--- kernel' line; env and record: slurp results; the others: command results.
+    """
+    status = (results.get("unit") or {}).get("status") or {}
+    unit = {k: str(status[k]) for k in UNIT_PROPERTIES if k in status}
+    logs = sections("--- journal\n" + (results.get("journal") or {}).get("stdout", ""))
     host = sections((results.get("host") or {}).get("stdout", ""))
     smi = results.get("smi") or {}
     smi_parts = sections("--- gpu\n" + smi.get("stdout", ""))
@@ -330,8 +346,12 @@ def evidence(results, fabric_interface=""):
         name, _, value = line.partition(":")
         meminfo[name] = _as_int(value.strip().split(" ")[0], 0) * 1024
     checkpoint = {line.split(" ", 1)[1]: line.split(" ", 1)[0] for line in host.get("checkpoint", []) if " " in line}
-    revision = "".join(host.get("revision", [])).rpartition('"')[0].rpartition('"')[2] or "unknown"
-    env = results.get("env") or {}
+    try:
+        record = json.loads(_slurped(results.get("record")) or "{}")
+    except ValueError:
+        record = {}
+    revision = (record.get("revision") if isinstance(record, dict) else None) or "unknown"
+    env_text = _slurped(results.get("env"))
     image = (results.get("image") or {})
     now = _as_int("".join(host.get("now", [])).strip(), 0)
     raw = {
@@ -342,8 +362,8 @@ def evidence(results, fabric_interface=""):
         "link_out": link.get("stderr", "") or link.get("msg", ""),
         "mtu": mtu,
         "routes": routes,
-        "env_rc": _rc(env),
-        "env_text": env.get("stdout", ""),
+        "env_rc": 0 if env_text is not None else 1,
+        "env_text": env_text or "",
     }
     facts = {
         "unit": {k: unit.get(k, "") for k in ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus",
@@ -356,14 +376,14 @@ def evidence(results, fabric_interface=""):
         "checkpoint_revision": revision,
         "fabric": {"interface": fabric_interface, "mtu": mtu, "routes": routes},
         "image": image.get("stdout", "").strip() if _rc(image) == 0 else "",
-        "env_file": "present" if _rc(env) == 0 else "missing",
+        "env_file": "present" if env_text is not None else "missing",
         "route": ", ".join(f"{ip} via {dev or 'no route'}" for ip, dev in routes.items()) or "no peer",
         "checkpoint_state": next((v for k, v in checkpoint.items() if k.endswith(".verified")), "missing"),
         "now": now,
     }
     node = {
-        "journal": journal_entries((results.get("journal") or {}).get("stdout", "")),
-        "kernel": journal_entries((results.get("kernel") or {}).get("stdout", "")),
+        "journal": journal_entries(logs.get("journal", [])),
+        "kernel": journal_entries(logs.get("kernel", [])),
         "unit": unit,
         "now": now,
         "raw": raw,
