@@ -320,6 +320,18 @@ def test_a_broken_stream_resumes_from_the_bytes_on_disk_within_the_run(tmp_path)
     assert not (tmp_path / ".glm53.partial" / f"{SHARD}.part").exists()
 
 
+def test_an_empty_file_of_the_repository_is_fetched(tmp_path):
+    root = tmp_path / "hub"
+    info = build_checkpoint(root, seed=12)
+    (root / info["repo_id"] / info["new"] / "empty.txt").write_bytes(b"")
+    with HubEmulator(root) as hub:
+        res = run_module("checkpoint_fetch", {"repo_id": info["repo_id"], "revision": info["new"],
+                                              "model_dir": str(tmp_path / "glm53"), "endpoint": hub.url,
+                                              "files": ["empty.txt"]}, tmp_path)
+    assert not res.get("failed"), res
+    assert res["fetched"] == ["empty.txt"] and (tmp_path / "glm53" / "empty.txt").read_bytes() == b""
+
+
 def test_fetch_uses_only_the_public_api_of_the_hub_client():
     """Names exported by huggingface_hub or huggingface_hub.utils only: an upgrade may move anything else."""
     import huggingface_hub  # noqa: PLC0415 - the pinned client of the toolchain venv

@@ -100,7 +100,7 @@ attributes:
   platform:
     platforms: posix
 requirements:
-  - huggingface_hub >= 1.0 on the target's Python.
+  - huggingface_hub on the target's Python, the version the role pins (checkpoint_hub_client_version).
 """
 
 EXAMPLES = r"""
@@ -187,7 +187,7 @@ RECORD_FORMAT = 1
 # The client's own download chunk (huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE): the same
 # writes as `hf download`, and a cut transfer keeps whole chunks on disk.
 CHUNK = 10 * 1024 * 1024
-# Attempts to resume one file after its stream broke without a byte arriving in between.
+# Resumes of one file after its stream broke, in a row without a byte arriving (as the client's own).
 RESUMES = 5
 
 
@@ -332,8 +332,10 @@ def download(hub: SimpleNamespace, url: str, part: str, size: int, *, headers: d
     ``hub`` holds the client's public HTTP helpers (imported late, see main), so requests go through
     its shared session, retries on 408/429 and error reporting, as they do for `hf download`. A
     stream that breaks is resumed from the bytes on disk, up to RESUMES times in a row without a
-    byte arriving; a server that ignores the Range (200, not 206) has the file written from its start.
+    byte arriving in between; a server that ignores the Range (200, not 206) has the file written from its start.
     """
+    # Exists from here on, so an empty file of the repository is complete at once.
+    open(part, "ab").close()
     left = RESUMES
     while True:
         have = size_on_disk(part)
@@ -354,8 +356,8 @@ def download(hub: SimpleNamespace, url: str, part: str, size: int, *, headers: d
                         f.write(chunk)
                         received += len(chunk)
         except hub.transport_errors:
-            left = RESUMES if received else left - 1
-            if left <= 0:
+            left = (RESUMES if received else left) - 1
+            if left < 0:
                 raise
             time.sleep(1)
             continue
