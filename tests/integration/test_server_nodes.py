@@ -108,8 +108,7 @@ def docker_run_argv(node) -> list[str]:
 
 
 def server_args(node) -> list[str]:
-    argv = docker_run_argv(node)
-    return argv[argv.index("sglang.launch_server") + 1:]
+    return launch_args(docker_run_argv(node))
 
 
 def sglang_processes(node) -> str:
