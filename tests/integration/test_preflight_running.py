@@ -278,4 +278,4 @@ def test_a_bad_server_unit_is_refused_up_front(sim_inventory, unit):
     assert result.changed_before_first_failure() == []
     message = result.failure_messages()
     assert f'preflight_server_unit is "{unit}"' in message, message
-    assert "Set it (or sglang_server_unit_name)" in message
+    assert "Set it (or spark_unit_name)" in message

@@ -413,8 +413,8 @@ def validate_command(unit_file: str) -> str:
     tasks = yaml.safe_load((REPO / "roles/sglang_server/tasks/install.yml").read_text())
     task = next(t for t in tasks if t.get("name") == "Install the systemd unit")
     command = task["ansible.builtin.template"]["validate"]
-    assert "{{ sglang_server_unit_name }}" in command, command
-    return command.replace("{{ sglang_server_unit_name }}", UNIT).replace("%s", unit_file)
+    assert "{{ spark_unit_name }}" in command, command
+    return command.replace("{{ spark_unit_name }}", UNIT).replace("%s", unit_file)
 
 
 @pytest.mark.parametrize("bad", [

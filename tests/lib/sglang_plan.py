@@ -11,7 +11,8 @@ from tests.lib.roles import filter_plugin, flag_model, role_defaults, role_vars
 FILTER = filter_plugin("sglang_server")
 MODEL = flag_model()
 VARS = role_vars("sglang_server")
-DEFAULTS = role_defaults("sglang_server")
+# The plan reads the site role's values (unit name, ...) beside the server role's own.
+DEFAULTS = {**role_defaults("spark"), **role_defaults("sglang_server")}
 
 
 def ctx(host="spark-0", **changes):

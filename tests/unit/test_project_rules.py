@@ -136,3 +136,94 @@ def test_requirements_are_pinned():
         requirement = raw.split("#")[0].strip()
         if requirement:
             assert re.match(r"^[A-Za-z0-9_.\-\[\]]+==[\w.]+$", requirement), requirement
+
+
+# ---- One owner per concern (issue: one shape for the collection) ----------------------------------
+
+def role_texts(*subdirs: str):
+    for role in ROLES:
+        for sub in subdirs:
+            for path in sorted((role / sub).rglob("*")):
+                if path.is_file() and path.suffix in (".yml", ".j2", ".py"):
+                    yield role, path, path.read_text()
+
+
+def test_inventory_groups_are_named_only_by_the_site_role():
+    offenders = [str(path.relative_to(REPO)) for role, path, text in role_texts("tasks", "defaults", "vars", "meta",
+                                                                            "templates", "filter_plugins", "library")
+                 if role.name != "spark" and re.search(r"groups\[['\"]spark", text)]
+    offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *sorted((REPO / "group_vars").rglob("*.yml"))]
+                  if re.search(r"groups\[['\"]spark", p.read_text())]
+    assert offenders == []
+
+
+def test_no_role_loads_another_roles_files():
+    offenders = [str(path.relative_to(REPO)) for role, path, text in role_texts("tasks")
+                 if re.search(r"include_vars", text) and "../" in text]
+    assert offenders == []
+
+
+def test_role_defaults_never_fall_back_to_another_roles_variable():
+    prefixes = tuple(f"{r.name}_" for r in ROLES)
+    for role in ROLES:
+        path = role / "defaults" / "main.yml"
+        if not path.exists():
+            continue
+        for name, value in load(path).items():
+            for used in re.findall(r"\b([a-z][a-z0-9_]*)\b", str(value)) if "{{" in str(value) else []:
+                assert not (used.startswith(prefixes) and not used.startswith(f"{role.name}_")), (
+                    f"{role.name}: {name} refers to {used}; wire it in group_vars/all/spark.yml instead")
+
+
+def test_group_vars_fallbacks_equal_the_owning_roles_defaults():
+    """group_vars/all falls back to a role's default where that role is not in every play: the two must agree."""
+    wiring = load(REPO / "group_vars" / "all" / "spark.yml")
+    found = 0
+    for value in wiring.values():
+        for name, literal in re.findall(r"\b((?:sglang_server|checkpoint)_[a-z0-9_]*|checkpoint_revision) \| default\(([^)]*)\)",
+                                        str(value)):
+            owner = "sglang_server" if name.startswith("sglang_server_") else "checkpoint"
+            default = load(REPO / "roles" / owner / "defaults" / "main.yml")[name]
+            assert yaml.safe_load(literal) == default, f"{name}: group_vars falls back to {literal}, the role says {default!r}"
+            found += 1
+    assert found > 0
+
+
+def test_the_tp_group_is_stopped_and_started_in_one_place():
+    """Only the server role's stop/start task files stop or start the rank's unit."""
+    offenders = []
+    for role, path, _text in role_texts("tasks"):
+        for task in tasks_in(load(path)):
+            module = task.get("ansible.builtin.systemd_service") or task.get("ansible.builtin.systemd")
+            if isinstance(module, dict) and module.get("state") in ("started", "stopped", "restarted"):
+                if str(module.get("name")) in ("{{ spark_unit_name }}", "{{ sglang_server_unit_name }}"):
+                    offenders.append(f"{path.relative_to(REPO)}: {task.get('name')}")
+    allowed = {"roles/sglang_server/tasks/stop.yml", "roles/sglang_server/tasks/start.yml",
+               "roles/sglang_server/tasks/readiness_failed.yml"}
+    assert {o.split(":")[0] for o in offenders} <= allowed, offenders
+
+
+def test_tasks_from_names_a_declared_entry_point():
+    uses = []
+    for path in all_task_files():
+        for doc in [load(path)]:
+            plays = doc if isinstance(doc, list) else []
+            task_lists = [plays] if path.parent.name in ("tasks", "handlers") else [
+                play.get(k) for play in plays for k in ("pre_tasks", "tasks", "post_tasks")]
+            for tasks in task_lists:
+                for task in tasks_in(tasks):
+                    for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                        args = task.get(key)
+                        if isinstance(args, dict) and args.get("tasks_from"):
+                            uses.append((args["name"], args["tasks_from"], path))
+    assert uses
+    for role, entry, path in uses:
+        specs = load(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
+        assert entry in specs, f"{path.relative_to(REPO)} uses {role} tasks_from {entry}, not declared in its argument specs"
+
+
+def test_checkpoint_modules_use_only_public_hub_api():
+    for path in sorted((REPO / "roles" / "checkpoint").rglob("*.py")):
+        text = path.read_text()
+        assert "file_download" not in text, path
+        assert not re.search(r"huggingface_hub(\.[a-z_]+)*\._", text), f"{path}: private huggingface_hub module"

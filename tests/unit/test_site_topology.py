@@ -6,6 +6,9 @@ at once. tests/integration/test_inventory_check.py runs the same checks through 
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
@@ -50,6 +53,15 @@ def test_heads_from_the_checkpoints_config_win_over_the_documented_figures():
     assert errors(workers=three, model_config={"num_attention_heads": 96, "num_key_value_heads": 96}) == []
     [error] = errors(model_config={"num_attention_heads": 12, "num_key_value_heads": 3})
     assert "gives --tp-size 2, which does not divide the 3 KV heads (the checkpoint's config.json)" in error
+
+
+def test_config_json_is_read_from_the_nodes_slurp():
+    slurped = {"content": base64.b64encode(json.dumps({"num_attention_heads": 12, "num_key_value_heads": 3}).encode())}
+    [error] = errors(model_config=slurped)
+    assert "does not divide the 3 KV heads (the checkpoint's config.json)" in error
+    # A missing or unreadable file (failed slurp, damaged JSON) leaves the documented figures in charge.
+    assert errors(model_config={"failed": True, "msg": "file not found"}) == []
+    assert errors(model_config={"content": base64.b64encode(b"{not json")}) == []
 
 
 def test_duplicate_fabric_addresses():
