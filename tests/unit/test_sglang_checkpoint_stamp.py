@@ -1,26 +1,35 @@
-"""The sglang_server role's refusal of an unverified checkpoint (the stamp check).
+"""The server's refusal of an unverified checkpoint: the checkpoint role's stamp check.
 
-The stamp is the checkpoint role's: written by roles/checkpoint/library/
-checkpoint_verify.py after a passing deep verification. The fixtures below
-build it the way that module does; test_contract_with_checkpoint_verify pins
-the two lines of that module this agreement rests on, so a change there
-fails here instead of silently refusing (or passing) every deployment.
+The stamp is the checkpoint role's: checkpoint_verify writes it after a
+passing deep verification, and the role's stamp entry point (tasks/stamp.yml,
+module checkpoint_stamp) reads it for the server role, on each node and by
+delegation for the ranks --limit left out. Both go through one digest in
+roles/checkpoint/module_utils/checkpoint_common.py.
+
+The stamps below are written out the way deployed stamps are (the digest
+formula spelled out here, not imported), so a change of the formula or of the
+stamp's fields fails here instead of refusing every deployed checkpoint. The
+messages are the ones the server prints, with the server role's variable
+names, which it hands to the entry point (pinned below).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import importlib.util
 import json
-import re
+import os
+import uuid
 from pathlib import Path
 
 import pytest
+import yaml
+
+from tests.lib.role_module import module_utils, run_role_module
 
 REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "sglang_server"
-VERIFY = REPO / "roles" / "checkpoint" / "library" / "checkpoint_verify.py"
+CHECKPOINT = REPO / "roles" / "checkpoint"
+SERVER = REPO / "roles" / "sglang_server"
 REVISION = "7ce4007804ddbb1b33185febc1669f76f90fb53e"
 MODEL_DIR = "/opt/models/glm53"
 EXPECTED = {
@@ -31,24 +40,41 @@ EXPECTED = {
 }
 
 
-def _load_filter():
-    spec = importlib.util.spec_from_file_location("sglang_server_filter", ROLE / "filter_plugins" / "sglang_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+common = module_utils("checkpoint", "checkpoint_common")
 
 
-problems = _load_filter().sglang_server_checkpoint_problems
+def _server_stamp_includes() -> list[dict]:
+    """The server role's include_role of the checkpoint role's stamp entry point, in each task file."""
+    found = []
+    for name in ("checkpoint.yml", "outside.yml"):
+        for task in yaml.safe_load((SERVER / "tasks" / name).read_text()):
+            include = task.get("ansible.builtin.include_role")
+            if include and include.get("name") == "checkpoint" and include.get("tasks_from") == "stamp":
+                found.append(dict(task, file=name))
+    return found
 
 
-def slurped(data) -> dict:
+def _server_names() -> dict:
+    (names,) = {(t["vars"]["checkpoint_stamp_model_dir_variable"], t["vars"]["checkpoint_stamp_revision_variable"])
+                for t in _server_stamp_includes()}
+    return {"model_dir_variable": names[0], "revision_variable": names[1]}
+
+
+def problems(stamp_read, record_read, expected) -> list[str]:
+    """What the server role is told for its model directory and revision (see _server_names)."""
+    return common.stamp_problems(stamp_read, record_read, **expected, **_server_names())
+
+
+def slurped(data):
+    """A read of a file holding ``data`` (a JSON value, or the text as it is)."""
     text = data if isinstance(data, str) else json.dumps(data, indent=1)
-    return {"changed": False, "content": base64.b64encode(text.encode()).decode(), "encoding": "base64"}
+    return common.decode_json(text.encode())
 
 
-def missing(path: str) -> dict:
-    # What ansible.builtin.slurp answers for an absent file (with failed_when: false).
-    return {"failed": True, "msg": f"file not found: {path}", "changed": False}
+def missing(path: str):
+    # What reading an absent file gives (the path is shown by the message, not by the read).
+    del path
+    return common.read_json(f"/nonexistent-{uuid.uuid4().hex}/file")
 
 
 def record(files=None) -> dict:
@@ -99,7 +125,7 @@ def test_missing_record_is_refused():
 
 def test_unreadable_stamp_says_why():
     rec = record()
-    found = problems({"failed": True, "msg": "Permission denied"}, slurped(rec), EXPECTED)
+    found = problems((None, ("unread", "Permission denied")), slurped(rec), EXPECTED)
     assert found == ["the verified-stamp /opt/models/glm53.verified could not be read (Permission denied)"]
 
 
@@ -164,13 +190,107 @@ def test_every_problem_is_reported_at_once():
     assert len(found) >= 3
 
 
-def test_contract_with_checkpoint_verify():
-    """The stamp fields and the record digest are computed where the checkpoint role writes them."""
-    source = VERIFY.read_text()
-    assert "record_digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()" in source
-    assert re.search(r'"record_sha256": record_digest, "model_dir": model_dir, "mode": "deep"', source)
-    assert 'files: dict = record["files"]' in source
-    # Where the checkpoint role keeps the stamp and the record: beside the model directory.
-    cp_vars = (REPO / "roles" / "checkpoint" / "vars" / "main.yml").read_text()
-    assert '__checkpoint_stamp_path: "{{ __checkpoint_parent }}/{{ __checkpoint_name }}.verified"' in cp_vars
-    assert '__checkpoint_record_path: "{{ __checkpoint_parent }}/{{ __checkpoint_name }}.record.json"' in cp_vars
+def test_the_server_asks_the_checkpoint_role_and_names_its_own_variables():
+    includes = _server_stamp_includes()
+    assert sorted(t["file"] for t in includes) == ["checkpoint.yml", "outside.yml"]
+    for task in includes:
+        assert task["vars"]["checkpoint_stamp_model_dir"] == "{{ sglang_server_model_dir }}"
+        assert task["vars"]["checkpoint_stamp_revision"] == "{{ sglang_server_checkpoint_revision }}"
+    outside = next(t for t in includes if t["file"] == "outside.yml")
+    assert outside["vars"]["checkpoint_stamp_hosts"] == "{{ __sglang_server_outside }}"
+    assert _server_names() == {"model_dir_variable": "sglang_server_model_dir",
+                               "revision_variable": "sglang_server_checkpoint_revision"}
+
+
+def test_the_stamp_digest_is_written_once():
+    """The checkpoint role owns the stamp: no other file of any role reads its digest or recomputes it."""
+    holders = sorted(str(p.relative_to(REPO)) for p in (REPO / "roles").rglob("*")
+                     if p.is_file() and p.suffix in (".py", ".yml") and "record_sha256" in p.read_text())
+    assert holders == ["roles/checkpoint/module_utils/checkpoint_common.py"]
+    common_source = (CHECKPOINT / "module_utils" / "checkpoint_common.py").read_text()
+    assert common_source.count("hashlib.sha256(") == 1
+    assert "slurp" not in (SERVER / "tasks" / "checkpoint.yml").read_text()
+
+
+def _tiny_checkpoint(base: Path) -> tuple[Path, Path]:
+    """A complete one-shard checkpoint and its record, as checkpoint_fetch would leave them."""
+    model = base / "glm53"
+    model.mkdir(parents=True)
+    shard = "model-00001-of-00001.safetensors"
+    contents = {
+        shard: os.urandom(4096),
+        "model.safetensors.index.json": json.dumps({"weight_map": {"w": shard}}).encode(),
+        "config.json": json.dumps({"model_type": "glm5_next", "quantization_config": {}}).encode(),
+        "processor_config.json": b"{}",
+    }
+    files = {}
+    for name, data in contents.items():
+        (model / name).write_bytes(data)
+        if name.endswith(".safetensors"):
+            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        else:
+            blob = hashlib.sha1(f"blob {len(data)}\0".encode() + data, usedforsecurity=False).hexdigest()
+            files[name] = {"size": len(data), "git_sha1": blob}
+    rec = dict(record(dict(sorted(files.items()))), format=1)
+    (base / "glm53.record.json").write_text(json.dumps(rec, indent=1))
+    return model, base / "glm53.record.json"
+
+
+def stamp_module(model: Path, tmp: Path, revision=REVISION, **kw) -> dict:
+    return run_role_module("checkpoint", "checkpoint_stamp", {"model_dir": str(model), "revision": revision,
+                                                              **_server_names(), **kw}, tmp)
+
+
+def test_a_stamp_written_by_checkpoint_verify_vouches_and_keeps_the_deployed_format(tmp_path):
+    model, rec_path = _tiny_checkpoint(tmp_path / "m")
+    before = stamp_module(model, tmp_path)
+    assert before["problems"] == [f"the verified-stamp {model}.verified does not exist"]
+    assert not before["ok"] and not before["changed"]
+    verified = run_role_module("checkpoint", "checkpoint_verify", {
+        "model_dir": str(model), "record_path": str(rec_path), "mode": "deep", "shard_count": 1,
+        "stamp_path": str(model) + ".verified"}, tmp_path)
+    assert verified["ok"] and verified["changed"], verified
+    written = json.loads(Path(str(model) + ".verified").read_text())
+    # A stamp deployed before this module existed carries these fields and this digest.
+    assert written == stamp_for(json.loads(rec_path.read_text()), model_dir=str(model),
+                                verified_at=written["verified_at"])
+    after = stamp_module(model, tmp_path)
+    assert after["ok"] and after["problems"] == [] and after["stamp"] == written and not after["changed"]
+    # Check mode reads the same.
+    checked = run_role_module("checkpoint", "checkpoint_stamp", {"model_dir": str(model), "revision": REVISION},
+                              tmp_path, check=True)
+    assert checked["ok"] and not checked["changed"]
+
+
+def test_the_module_reports_what_the_server_prints(tmp_path):
+    model, rec_path = _tiny_checkpoint(tmp_path / "m")
+    stamp_path = Path(str(model) + ".verified")
+    stamp_path.write_text(json.dumps(stamp_for(json.loads(rec_path.read_text()), model_dir=str(model), mode="fast")))
+    res = stamp_module(model, tmp_path, revision="main")
+    assert res["problems"] == [
+        "sglang_server_checkpoint_revision = 'main' is not a pinned 40-hex commit, so no stamp can be matched "
+        "against it (set checkpoint_revision in the inventory)",
+        f"the stamp {stamp_path} records a 'fast' check, not a deep one",
+        f"the stamp {stamp_path} is for revision '{REVISION}', the pinned revision is 'main'",
+    ]
+    stamp_path.unlink()
+    stamp_path.mkdir()
+    res = stamp_module(model, tmp_path)
+    assert res["problems"] == [f"the verified-stamp {stamp_path} could not be read (Is a directory)"]
+
+
+def test_the_stamp_and_the_record_live_beside_the_model_directory():
+    spec = importlib.util.spec_from_file_location("spark_filter", REPO / "roles" / "spark" / "filter_plugins" / "spark.py")
+    spark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spark)
+    paths = spark.spark_checkpoint_paths(MODEL_DIR)
+    assert (paths["stamp"], paths["record"]) == (EXPECTED["stamp_path"], EXPECTED["record_path"])
+    cp_vars = yaml.safe_load((CHECKPOINT / "vars" / "main.yml").read_text())
+    # The checkpoint role writes them where the entry point reads them: both through that filter.
+    assert cp_vars["__checkpoint_paths"] == "{{ checkpoint_model_dir | spark_checkpoint_paths }}"
+    assert cp_vars["__checkpoint_stamp_path"] == "{{ __checkpoint_paths.stamp }}"
+    assert cp_vars["__checkpoint_record_path"] == "{{ __checkpoint_paths.record }}"
+    assert cp_vars["__checkpoint_stamp_of"] == "{{ checkpoint_stamp_model_dir | spark_checkpoint_paths }}"
+    stamp_task = yaml.safe_load((CHECKPOINT / "tasks" / "stamp.yml").read_text())[0]["checkpoint_stamp"]
+    assert (stamp_task["stamp_path"], stamp_task["record_path"]) == (
+        "{{ __checkpoint_stamp_of.stamp }}", "{{ __checkpoint_stamp_of.record }}")

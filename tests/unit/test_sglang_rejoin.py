@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from tests.lib.role_module import module_utils
 from tests.lib.seed import SEED_FLAGS
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
@@ -30,6 +31,9 @@ FILES = {"config.json": {"size": 2, "sha256": "c" * 64}}
 RECORD = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": REVISION, "files": FILES}
 STAMP = {"repo_id": RECORD["repo_id"], "revision": REVISION, "model_dir": MODEL_DIR, "mode": "deep",
          "record_sha256": hashlib.sha256(json.dumps(FILES, sort_keys=True).encode()).hexdigest()}
+# The checkpoint role owns the stamp: its stamp entry point tells the server role, per outside rank,
+# what keeps the stamp from vouching (checkpoint_stamp_problems), with the server's variable names.
+STAMP_CHECK = module_utils("checkpoint", "checkpoint_common")
 
 
 def head_args(**values):
@@ -53,21 +57,32 @@ def missing(path) -> dict:
     return {"failed": True, "msg": f"file not found: {path}", "changed": False}
 
 
+def stored(data):
+    """A checkpoint file holding ``data``, as the checkpoint role reads it."""
+    return STAMP_CHECK.decode_json(json.dumps(data, indent=1))
+
+
+def absent():
+    """A checkpoint file that does not exist, as the checkpoint role reads it."""
+    return STAMP_CHECK.read_json("/nonexistent/checkpoint-file")
+
+
 def reads(args=None, state=None, stamp=None, record=None, rank="spark-0"):
     def looped(result):
         return {"results": [dict(result, item=rank)]}
 
+    checkpoint = STAMP_CHECK.stamp_problems(
+        stored(STAMP) if stamp is None else stamp, stored(RECORD) if record is None else record, **CHECKPOINT,
+        model_dir_variable="sglang_server_model_dir", revision_variable="sglang_server_checkpoint_revision")
     return {
         "args": looped(slurped(head_args()) if args is None else args),
         "state": looped({"stdout": f"{IMAGE_ID}\nactive" if state is None else state, "rc": 0}),
-        "stamp": looped(slurped(STAMP) if stamp is None else stamp),
-        "record": looped(slurped(RECORD) if record is None else record),
+        "checkpoint": {rank: checkpoint},
     }
 
 
 def rejoin(r, host="spark-1", **ctx_changes):
-    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": IMAGE_ID, "args_file": ARGS_FILE,
-                "checkpoint": CHECKPOINT}
+    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": IMAGE_ID, "args_file": ARGS_FILE}
     return FILTER.sglang_server_rejoin_problems(r, ctx(host, **ctx_changes), MODEL, None, expected)
 
 
@@ -117,12 +132,12 @@ def test_another_image_keeps_the_rank_out(state, says):
 
 
 def test_an_unverified_checkpoint_keeps_the_rank_out():
-    (problem,) = rejoin(reads(stamp=missing(CHECKPOINT["stamp_path"])))["spark-0"]
+    (problem,) = rejoin(reads(stamp=absent()))["spark-0"]
     assert problem == f"the verified-stamp {CHECKPOINT['stamp_path']} does not exist"
 
 
 def test_every_problem_of_a_rank_is_reported_together():
-    found = rejoin(reads(state="inactive", stamp=missing(CHECKPOINT["stamp_path"])),
+    found = rejoin(reads(state="inactive", stamp=absent()),
                    sglang_server_flag_overrides={"max-running-requests": 1})
     assert len(found["spark-0"]) == 3
 
@@ -135,7 +150,6 @@ def test_a_worker_outside_the_run_is_compared_with_its_own_rank():
 
 
 def test_check_mode_without_a_pulled_image_here_compares_no_image():
-    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": "", "args_file": ARGS_FILE,
-                "checkpoint": CHECKPOINT}
+    expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": "", "args_file": ARGS_FILE}
     found = FILTER.sglang_server_rejoin_problems(reads(state="inactive"), ctx("spark-1"), MODEL, None, expected)
     assert found == {}

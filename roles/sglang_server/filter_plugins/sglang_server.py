@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
-import hashlib
 import ipaddress
 import json
 import posixpath
@@ -570,80 +569,6 @@ def _decode_slurp(result):
         return None, ("json", str(err))
 
 
-def _slurped_json(result, path, what, errors):
-    """Decode an ansible.builtin.slurp result holding JSON; None (with a problem noted) when unusable."""
-    data, problem = _decode_slurp(result)
-    if problem:
-        kind, reason = problem
-        if kind == "json":
-            errors.append(f"{what} {path} is not valid JSON ({reason})")
-        elif "not found" in reason.lower() or "no such file" in reason.lower():
-            errors.append(f"{what} {path} does not exist")
-        else:
-            errors.append(f"{what} {path} could not be read ({reason})")
-        return None
-    if not isinstance(data, dict):
-        errors.append(f"{what} {path} is not a JSON object")
-        return None
-    return data
-
-
-def sglang_server_checkpoint_problems(stamp_result, record_result, expected):
-    """What keeps the checkpoint role's verified-stamp from vouching for the model directory.
-
-    ``stamp_result`` and ``record_result`` are ansible.builtin.slurp results;
-    ``expected`` holds ``revision`` (the pin), ``model_dir``, ``stamp_path``
-    and ``record_path``.
-
-    The checkpoint role writes the stamp only after a passing deep verification
-    and removes it after any failing one; its ``record_sha256`` is the SHA-256
-    of the record's ``files`` mapping serialised with ``json.dumps(...,
-    sort_keys=True)``. Reading both small files is enough: the 181 GiB are not
-    hashed again. Returns a list of problems, empty when the stamp vouches.
-    """
-    revision, model_dir = expected.get("revision"), expected.get("model_dir")
-    stamp_path, record_path = expected.get("stamp_path"), expected.get("record_path")
-    errors = []
-    if not isinstance(revision, str) or not re.fullmatch(r"[0-9a-f]{40}", revision):
-        errors.append(
-            f"sglang_server_checkpoint_revision = {_show(revision)} is not a pinned 40-hex commit, so no stamp can "
-            "be matched against it (set checkpoint_revision in the inventory)"
-        )
-    stamp = _slurped_json(stamp_result, stamp_path, "the verified-stamp", errors)
-    record = _slurped_json(record_result, record_path, "the checkpoint record", errors)
-    if stamp is not None:
-        if stamp.get("mode") != "deep":
-            errors.append(f"the stamp {stamp_path} records a {_show(stamp.get('mode'))} check, not a deep one")
-        if isinstance(revision, str) and stamp.get("revision") != revision:
-            errors.append(
-                f"the stamp {stamp_path} is for revision {_show(stamp.get('revision'))}, the pinned revision is "
-                f"{_show(revision)}"
-            )
-        stamped_dir = stamp.get("model_dir")
-        if not isinstance(stamped_dir, str) or posixpath.normpath(stamped_dir) != posixpath.normpath(str(model_dir)):
-            errors.append(
-                f"the stamp {stamp_path} vouches for {_show(stamped_dir)}, not for sglang_server_model_dir = "
-                f"{_show(model_dir)}"
-            )
-    if stamp is not None and record is not None:
-        files = record.get("files")
-        if not isinstance(files, dict):
-            errors.append(f"the checkpoint record {record_path} lists no files")
-        else:
-            digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-            if stamp.get("record_sha256") != digest:
-                errors.append(
-                    f"the stamp {stamp_path} was written for another record than {record_path} "
-                    "(the record changed after the last deep verification)"
-                )
-        if record.get("revision") != stamp.get("revision") or record.get("repo_id") != stamp.get("repo_id"):
-            errors.append(
-                f"the record {record_path} is of {_show(record.get('repo_id'))}@{_show(record.get('revision'))}, the "
-                f"stamp of {_show(stamp.get('repo_id'))}@{_show(stamp.get('revision'))}"
-            )
-    return errors
-
-
 def _flag_map(args):
     """``--flag value`` tokens as an ordered flag -> value mapping (True for a switch)."""
     flags = {}
@@ -693,18 +618,21 @@ def _args_drift(args_result, expected_args, path):
 def sglang_server_rejoin_problems(reads, ctx, model, hostvars, expected):
     """What keeps each rank outside a --limit run from restarting with the ranks in it.
 
-    ``reads`` maps ``args``, ``state``, ``stamp`` and ``record`` to the looped
-    results (one per outside rank, ``item`` = the rank) of slurping
-    server-args.json, of printing the image ID and unit state, and of
-    slurping the verified-stamp and the checkpoint record. ``expected`` holds
-    ``image_ref``, ``image_id`` (this run's), ``args_file`` and ``checkpoint``
-    (as for sglang_server_checkpoint_problems). Returns {rank: [problems]} for
-    the ranks that may not rejoin.
+    ``reads`` maps ``args`` and ``state`` to the looped results (one per
+    outside rank, ``item`` = the rank) of slurping server-args.json and of
+    printing the image ID and unit state, and ``checkpoint`` to what the
+    checkpoint role's stamp entry point found on each rank ({rank:
+    [problems]}, checkpoint_stamp_problems): that role owns the stamp.
+    ``expected`` holds ``image_ref``, ``image_id`` (this run's) and
+    ``args_file``. Returns {rank: [problems]} for the ranks that may not rejoin.
     """
     by_rank = {}
-    for key, results in reads.items():
-        for result in (results or {}).get("results", []):
+    for key in ("args", "state"):
+        for result in (reads.get(key) or {}).get("results", []):
             by_rank.setdefault(result.get("item"), {})[key] = result
+    checkpoint = reads.get("checkpoint") or {}
+    for rank in checkpoint:
+        by_rank.setdefault(rank, {})
     found = {}
     for rank, got in by_rank.items():
         plan = sglang_server_plan(dict(ctx, inventory_hostname=rank), model, hostvars)
@@ -720,7 +648,7 @@ def sglang_server_rejoin_problems(reads, ctx, model, hostvars, expected):
                 f"image {expected['image_ref']} is {image_id or 'not present'} there, {expected['image_id']} on the "
                 "ranks of this run"
             )
-        problems += sglang_server_checkpoint_problems(got.get("stamp"), got.get("record"), expected["checkpoint"])
+        problems += list(checkpoint.get(rank) or [])
         if problems:
             found[rank] = problems
     return found
@@ -730,6 +658,5 @@ class FilterModule:
     def filters(self):
         return {
             "sglang_server_plan": sglang_server_plan,
-            "sglang_server_checkpoint_problems": sglang_server_checkpoint_problems,
             "sglang_server_rejoin_problems": sglang_server_rejoin_problems,
         }
