@@ -38,11 +38,13 @@ def make_site(base: Path, hub: HubEmulator) -> dict:
     rsh = base / "fake-rsh"
     rsh.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
     rsh.chmod(rsh.stat().st_mode | stat.S_IXUSR)
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-              "spark_fabric_ip": "127.0.0.1"}
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # Distinct fabric addresses, as the inventory check demands (the fake rsh never dials them).
     inventory = {"spark": {"children": {
-        "spark_head": {"hosts": {"spark-0": {**common, "spark_model_dir": str(base / "head" / "glm53")}}},
-        "spark_workers": {"hosts": {"spark-1": {**common, "spark_model_dir": str(base / "worker" / "glm53")}}},
+        "spark_head": {"hosts": {"spark-0": {**common, "spark_fabric_ip": "127.0.0.1",
+                                             "spark_model_dir": str(base / "head" / "glm53")}}},
+        "spark_workers": {"hosts": {"spark-1": {**common, "spark_fabric_ip": "127.0.0.2",
+                                                "spark_model_dir": str(base / "worker" / "glm53")}}},
     }}}
     (base / "hosts.yml").write_text(yaml.safe_dump(inventory))
     return {

@@ -1,8 +1,9 @@
 """Validation and argument rendering for the sglang_server flag model.
 
-The data (defaults, kinds, ranges, guard rails) lives in the role's
-vars/main.yml as ``__sglang_server_flag_model``; this module only interprets
-it, so the unit, server-args.json and the assert share one computation.
+The data (defaults, kinds, ranges, guard rails, the model's shape) lives in
+the spark role's vars/main.yml as ``spark_flag_model``; this module only
+interprets it, so the unit, server-args.json, the inventory check every
+playbook runs first and the assert share one computation.
 
 Validation collects every problem instead of stopping at the first one: an
 operator fixing one error per 20-minute model load would never finish.
@@ -29,7 +30,8 @@ INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
 FLOAT_TEXT = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
 DOCKER_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
+# An optional registry host (with its port) before the repository path, and an optional tag.
+IMAGE_REF = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9_.@-]+\.service$")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 HCA = re.compile(r"^[A-Za-z0-9_]+(:[0-9]+)?$")
@@ -338,10 +340,24 @@ def _check_model_dir(model_dir, errors):
         )
         return None
     normal = posixpath.normpath(model_dir)
-    if normal == "/" or ".." in model_dir.split("/"):
+    if model_dir != "/" and model_dir.endswith("/"):
         errors.append(
-            f"{var} = {_show(model_dir)}: must name the checkpoint directory itself. Fix: e.g. "
-            "/opt/models/glm53."
+            f"{var} = {_show(model_dir)}: ends in a slash, so its last component (the served model name, and the "
+            "name of the checkpoint record and stamp beside it) would be empty. Fix: drop the trailing slash, "
+            f"e.g. {normal if normal != '/' else '/opt/models/glm53'} (set spark_model_dir)."
+        )
+        return None
+    if normal != model_dir and ".." not in model_dir.split("/"):
+        # The checkpoint role names its record and stamp after the path as written.
+        errors.append(
+            f"{var} = {_show(model_dir)}: not written in its normal form, so the roles would name the checkpoint's "
+            f"record and stamp after different spellings. Fix: {normal} (set spark_model_dir)."
+        )
+        return None
+    if normal == "/" or ".." in model_dir.split("/") or normal.count("/") < 2:
+        errors.append(
+            f"{var} = {_show(model_dir)}: must name the checkpoint directory itself, at least two levels deep (its "
+            "record, stamp and partial files go beside it, in its parent). Fix: e.g. /opt/models/glm53."
         )
         return None
     return normal
@@ -351,47 +367,128 @@ def _check_topology(ctx, errors):
     """Return (nodes, head) from the inventory, or (None, None) when it is unusable."""
     head_group = list(ctx.get("head_group") or [])
     workers = list(ctx.get("worker_group") or [])
+    head_name = ctx.get("head_group_name") or "spark_head"
+    workers_name = ctx.get("worker_group_name") or "spark_workers"
     host = ctx.get("inventory_hostname")
     ok = True
     if len(head_group) != 1:
         errors.append(
-            f"inventory group spark_head = {head_group}: it must hold exactly one host (rank 0, which serves HTTP and "
-            f"hosts --dist-init-addr). Fix: put exactly one host in spark_head and the others in spark_workers."
+            f"inventory group {head_name} = {head_group}: it must hold exactly one host (rank 0, which serves HTTP and "
+            f"hosts --dist-init-addr). Fix: put exactly one host in {head_name} and the others in {workers_name}."
         )
         ok = False
     both = sorted(set(head_group) & set(workers))
     if both:
         errors.append(
-            f"inventory groups spark_head and spark_workers both hold {both}: a host can hold one rank "
+            f"inventory groups {head_name} and {workers_name} both hold {both}: a host can hold one rank "
             "only. Fix: keep each host in one of the two groups."
         )
         ok = False
     if len(set(workers)) != len(workers):
         errors.append(
-            f"inventory group spark_workers = {workers}: lists a host twice. Fix: list each worker once."
+            f"inventory group {workers_name} = {workers}: lists a host twice. Fix: list each worker once."
         )
         ok = False
     nodes = head_group + [w for w in workers if w not in head_group]
     if host not in nodes:
         errors.append(
-            f"inventory host {host!r} is in neither spark_head nor spark_workers, so it has no rank. Fix: "
-            "add it to spark_workers or leave it out of the play."
+            f"inventory host {host!r} is in neither {head_name} nor {workers_name}, so it has no rank. Fix: "
+            f"add it to {workers_name} or leave it out of the play."
         )
         ok = False
     fabric = ctx.get("fabric_ips") or {}
+    managed = ctx.get("ansible_hosts") or {}
+    owners = {}
     for node in nodes:
         ip = fabric.get(node)
         try:
-            ipaddress.IPv4Address(str(ip))
+            address = ipaddress.IPv4Address(str(ip))
         except ValueError:
             errors.append(
                 f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: every rank needs the IPv4 address of its fabric "
                 f"link (NCCL binds to it, the head's is --dist-init-addr). Fix: set spark_fabric_ip for {node} in the inventory."
             )
             ok = False
+            continue
+        owners.setdefault(str(address), []).append(node)
+        if str(managed.get(node, node)) == str(address):
+            errors.append(
+                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: equals its ansible_host, the management address, so "
+                "the ranks would rendezvous and exchange tensors over the management network (and the fabric role would "
+                f"move that address onto the fabric port). Fix: give {node} its address on the direct ConnectX-7 link "
+                "(DGX default 192.168.100.x) as spark_fabric_ip."
+            )
+            ok = False
+    for address, holders in sorted(owners.items()):
+        if len(holders) > 1:
+            errors.append(
+                f"spark_fabric_ip {address} of {holders[0]} is also the address of {', '.join(holders[1:])}: two nodes "
+                "with one address answer for each other and the ranks cannot rendezvous. Fix: give every host a "
+                "distinct spark_fabric_ip in the inventory."
+            )
+            ok = False
     if not ok:
         return None, None
     return nodes, head_group[0]
+
+
+def _model_config(read):
+    """config.json as a mapping: given as one, or as the result of slurping it on the node ({} when unreadable)."""
+    if isinstance(read, Mapping) and "content" in read:
+        try:
+            read = json.loads(base64.b64decode(read["content"]))
+        except (ValueError, binascii.Error, TypeError):
+            return {}
+    return read if isinstance(read, Mapping) else {}
+
+
+def _check_shape(ctx, model, nodes, errors):
+    """The group must be able to shard and hold the model: heads divisible by --tp-size, weights in memory."""
+    gpus = _as_int(ctx.get("sglang_server_gpus_per_node"))
+    if not nodes or gpus is None or gpus < 1:
+        return
+    shape = model.get("model") or {}
+    tp = len(nodes) * gpus
+    workers_name = ctx.get("worker_group_name") or "spark_workers"
+    source = "the model's documented figures"
+    heads = {"attention heads": shape.get("attention_heads"), "KV heads": shape.get("kv_heads")}
+    read = _model_config(ctx.get("model_config"))
+    if read.get("num_attention_heads"):
+        source = "the checkpoint's config.json"
+        heads = {"attention heads": read.get("num_attention_heads"),
+                 "KV heads": read.get("num_key_value_heads") or read.get("num_attention_heads")}
+    bad = {what: n for what, n in heads.items() if isinstance(n, int) and n % tp}
+    if bad:
+        errors.append(
+            f"inventory: {len(nodes)} node(s) x sglang_server_gpus_per_node {gpus} gives --tp-size {tp}, which does not "
+            f"divide {' and '.join(f'the {n} {what}' for what, n in bad.items())} ({source}): tensor parallelism splits "
+            f"every layer's heads evenly across the ranks, and SGLang refuses this split at start-up. Fix: use a node "
+            f"count that divides them (2 DGX Sparks for this model) in {workers_name}."
+        )
+    size = _as_int(ctx.get("checkpoint_bytes"))
+    memory = _as_int(shape.get("gpu_memory_bytes"))
+    if len(nodes) == 1 and ctx.get("acknowledge_single_node") is not True:
+        fits = f"{size / 2**30:.0f} GiB" if size else "the checkpoint"
+        errors.append(
+            f"inventory: one node ({nodes[0]}) gives --tp-size {tp}: {fits} (spark_checkpoint_bytes) does not fit one GB10's "
+            f"{(memory or 128e9) / 1e9:.0f} GB of unified memory; GLM-5.3-Flash-NVFP4 needs two DGX Sparks. Fix: add the "
+            f"second node to {workers_name}, or set spark_acknowledge_single_node: true for a checkpoint that fits one node."
+        )
+
+
+def _check_image_tag(image, digest, errors):
+    """A moving tag lets two nodes (or two runs) pull different images."""
+    if not isinstance(image, str) or not IMAGE_REF.match(image) or digest:
+        return
+    name = image.rsplit("/", 1)[-1]
+    tag = name.split(":", 1)[1] if ":" in name else ""
+    if tag in ("", "latest"):
+        errors.append(
+            f"sglang_server_image = {_show(image)}: {'no tag means :latest' if not tag else ':latest'}, a tag that "
+            "moves, so nodes pulling at different times run different images, and the generic image lacks the "
+            "glm5_next model code. Fix: the per-model arm64 image lmsysorg/sglang:glm-5.3-flash-arm64, or pin a digest "
+            "with sglang_server_image_digest."
+        )
 
 
 def _check_scalars(ctx, errors):
@@ -436,11 +533,12 @@ def _check_scalars(ctx, errors):
             f"sglang_server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex "
             "digits. Fix: copy the RepoDigest's sha256 part, or leave it empty."
         )
+    _check_image_tag(image, digest, errors)
 
-    unit = ctx.get("sglang_server_unit_name")
+    unit = ctx.get("spark_unit_name")
     if not isinstance(unit, str) or not UNIT_NAME.match(unit):
         errors.append(
-            f"sglang_server_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. "
+            f"spark_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. "
             "sglang.service."
         )
 
@@ -495,6 +593,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     if hostvars is not None:
         names = list(ctx.get("head_group") or []) + list(ctx.get("worker_group") or [])
         ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in names if n in hostvars}
+        ctx["ansible_hosts"] = {n: hostvars[n].get("ansible_host", n) for n in names if n in hostvars}
     ack = ctx.get(ACK)
     if not isinstance(ack, bool):
         errors.append(f"{ACK} = {_show(ack)}: must be true or false. Fix: use a YAML boolean.")
@@ -504,6 +603,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     model_dir = _check_model_dir(ctx.get("sglang_server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
     port, dist = _check_scalars(ctx, errors)
+    _check_shape(ctx, model, nodes, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
     if errors:
