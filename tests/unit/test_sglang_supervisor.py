@@ -1,0 +1,850 @@
+"""The TP group's supervisor (roles/sglang_supervisor/files/sglang_supervisor.py) on a simulated pair.
+
+No real command runs in-process: the supervisor's injectable runner is a model of the two nodes
+(each rank's systemd unit, the processes holding each GPU, SSH reachability, the head's HTTP
+endpoint) and its injectable clock moves only when the supervisor sleeps or a request times out,
+so every scenario is deterministic and takes milliseconds. The model is strict where the real
+pair is: a generation needs every rank (a dead or frozen peer stalls it), and a rank started
+while its GPU still holds the old rank's process fails to load. A few tests run the real file as
+a subprocess (status, pause, resume; a refused config) on a temporary state directory.
+"""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import urllib.error
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "roles" / "sglang_supervisor" / "files" / "sglang_supervisor.py"
+# The nodes run the program with their own python3 (>= 3.11); the suite's venv may be newer.
+NODE_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+
+def load_program():
+    spec = importlib.util.spec_from_file_location("sglang_supervisor_under_test", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+S = load_program()
+
+KEY = "sk-spark-5f0c3e9a71d24b88"
+MODEL_ID = "/models/glm53"  # what /v1/models lists (the container's model dir)
+HEAD, WORKER = "spark-0", "spark-1"
+ACTIONS = ("stop", "start", "reset-failed")
+
+
+class FakeClock:
+    """Wall and monotonic time that move only when asked; callbacks fire when their time comes."""
+
+    def __init__(self):
+        self.wall = 1_790_000_000.0
+        self.mono = 10_000.0
+        self.pending: list[tuple[float, int, object]] = []
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.wall += max(seconds, 0)
+        self.mono += max(seconds, 0)
+        due = sorted(p for p in self.pending if p[0] <= self.mono)
+        self.pending = [p for p in self.pending if p[0] > self.mono]
+        for _at, _seq, fn in due:
+            fn()
+
+    def after(self, seconds: float, fn) -> None:
+        self.pending.append((self.mono + seconds, len(self.pending), fn))
+
+
+@dataclass
+class FakeNode:
+    name: str
+    address: str
+    local: bool
+    active: str = "inactive"
+    sub: str = "dead"
+    result: str = "success"
+    enter_us: int = 0
+    started: float | None = None
+    reachable: bool = True
+    gpu_pids: list = field(default_factory=list)
+    release_at: float | None = None
+    gpu_release: float = 3.0  # seconds a dead rank's GPU takes to hold no process
+    dies_after: float | None = None  # a start that fails this long after (e.g. the driver is gone)
+    dies_at: float | None = None
+    frozen: bool = False
+    pid: int = 4000
+
+
+class FakeCluster:
+    """The runner: two nodes' units, GPUs and SSH, and the head's HTTP endpoint."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.nodes = [FakeNode(HEAD, "192.168.100.10", True), FakeNode(WORKER, "192.168.100.11", False, pid=5000)]
+        self.load_seconds = 40.0
+        self.key = KEY
+        self.hang = False
+        self.alert_rc = 0
+        self.argvs: list[list[str]] = []  # every argv the supervisor ran, ssh included
+        self.commands: list[tuple[float, str, list[str]]] = []  # (monotonic time, node, command on that node)
+        self.requests: list[tuple[str, str, dict, bytes | None]] = []
+        self.alerts: list[tuple[str, str]] = []
+
+    def node(self, name: str) -> FakeNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def clear(self) -> None:
+        self.argvs.clear()
+        self.commands.clear()
+        self.requests.clear()
+
+    # -- what happens to the pair --
+
+    def start_rank(self, node: FakeNode) -> None:
+        now = self.clock.mono
+        node.active, node.sub, node.result = "active", "running", "success"
+        node.started, node.enter_us = now, int(now * 1e6)
+        node.frozen = False
+        node.dies_at = now + node.dies_after if node.dies_after is not None else None
+        if node.gpu_pids:
+            # The old rank's memory is not free yet: the new one cannot load its weights.
+            node.dies_at = now + 2
+        node.pid += 1
+        node.gpu_pids = [*node.gpu_pids, node.pid]
+
+    def end_rank(self, node: FakeNode, active: str, sub: str, result: str) -> None:
+        node.active, node.sub, node.result = active, sub, result
+        node.started = node.dies_at = None
+        if node.gpu_pids and node.release_at is None:
+            node.release_at = self.clock.mono + node.gpu_release
+
+    def kill(self, name: str) -> None:
+        """SIGKILL of the rank: its unit waits RestartSec to restart it alone (Restart=on-failure)."""
+        self.end_rank(self.node(name), "activating", "auto-restart", "signal")
+
+    def power_off(self, name: str) -> None:
+        node = self.node(name)
+        node.reachable = False
+        node.active, node.sub, node.result, node.started, node.dies_at = "inactive", "dead", "success", None, None
+        node.gpu_pids, node.release_at = [], None
+
+    def power_on(self, name: str) -> None:
+        self.node(name).reachable = True  # the rank's unit is not enabled at boot: it stays inactive
+
+    def refresh(self) -> None:
+        for node in self.nodes:
+            if node.dies_at is not None and self.clock.mono >= node.dies_at:
+                self.end_rank(node, "failed", "failed", "exit-code")
+            if node.release_at is not None and self.clock.mono >= node.release_at:
+                live = node.pid if node.active == "active" else None
+                node.gpu_pids = [p for p in node.gpu_pids if p == live]
+                node.release_at = None
+
+    def serving(self) -> bool:
+        head = self.nodes[0]
+        return head.active == "active" and self.clock.mono >= head.started + self.load_seconds
+
+    # -- the runner's interface --
+
+    def run(self, argv, timeout, stdin=None):
+        self.argvs.append(list(argv))
+        self.refresh()
+        if argv[:2] == ["/bin/sh", "-c"]:
+            self.alerts.append((argv[2], stdin))
+            return S.Result(self.alert_rc, "", "" if self.alert_rc == 0 else "curl: (7) Failed to connect")
+        if argv[0] == "ssh":
+            target = next(a for a in argv if "@" in a)
+            node = next(n for n in self.nodes if n.address == target.split("@", 1)[1])
+            assert not node.local
+            if not node.reachable:
+                return S.Result(255, "", f"ssh: connect to host {node.address} port 22: No route to host")
+            command = shlex.split(argv[-1])
+        else:
+            node, command = self.nodes[0], list(argv)
+        self.commands.append((self.clock.mono, node.name, command))
+        return self.execute(node, command)
+
+    def execute(self, node: FakeNode, command: list[str]):
+        match command:
+            case ["systemctl", "show", "-p", props, "sglang.service"]:
+                assert props.split(",")[:3] == ["ActiveState", "SubState", "Result"]
+                return S.Result(0, f"ActiveState={node.active}\nSubState={node.sub}\nResult={node.result}\n"
+                                   f"ActiveEnterTimestampMonotonic={node.enter_us if node.started is not None else 0}\n")
+            case ["systemctl", "stop", "sglang.service"]:
+                if node.active in ("active", "activating"):
+                    self.end_rank(node, "inactive", "dead", "success")
+                return S.Result(0)
+            case ["systemctl", "reset-failed", "sglang.service"]:
+                if node.active == "failed":
+                    node.active, node.sub, node.result = "inactive", "dead", "success"
+                return S.Result(0)
+            case ["systemctl", "start", "sglang.service"]:
+                if node.active != "active":
+                    self.start_rank(node)
+                return S.Result(0)
+            case ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]:
+                return S.Result(0, "".join(f"{pid}\n" for pid in node.gpu_pids))
+            case ["journalctl", "-u", "sglang.service", "-n", "30", "--no-pager"]:
+                lines = [f"{node.name} sglang[{i}]: line {i}" for i in range(40)]
+                lines[35] = f"{node.name} sglang[35]: launch_server --api-key {KEY}"
+                return S.Result(0, "\n".join(lines) + "\n")
+        raise AssertionError(f"unexpected command on {node.name}: {command}")
+
+    def http(self, method, url, *, headers, body, timeout, cafile=None):
+        self.refresh()
+        assert url.startswith("http://127.0.0.1:30000/")
+        path = url.removeprefix("http://127.0.0.1:30000")
+        self.requests.append((method, path, dict(headers), body))
+        if not self.serving():
+            raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+        if self.key and headers.get("Authorization") != f"Bearer {self.key}":
+            return 401, b'{"error": "Unauthorized"}'
+        if (method, path) == ("GET", "/v1/models"):
+            return 200, json.dumps({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]}).encode()
+        if (method, path) == ("POST", "/v1/chat/completions"):
+            if self.hang or any(n.active != "active" or n.frozen for n in self.nodes):
+                # Every token needs a collective across the ranks: a dead or frozen peer stalls it.
+                self.clock.advance(timeout)
+                raise TimeoutError("timed out")
+            assert json.loads(body)["model"] == MODEL_ID
+            return 200, json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"},
+                                                 "finish_reason": "length"}]}).encode()
+        return 404, b'{"detail": "Not Found"}'
+
+
+def settings(tmp_path: Path, **overrides) -> Path:
+    env = tmp_path / "sglang.env"
+    env.write_text(f"NCCL_SOCKET_IFNAME=enp1s0f0np0\nSGLANG_API_KEY={KEY}\nHF_HUB_OFFLINE=1\n")
+    env.chmod(0o600)
+    config = {
+        "unit": "sglang.service",
+        "nodes": [{"name": HEAD, "address": "192.168.100.10", "local": True}, {"name": WORKER, "address": "192.168.100.11"}],
+        "ssh": {"user": "root", "key": "/root/.ssh/id_spark_fabric", "known_hosts": "/root/.ssh/known_hosts",
+                "connect_timeout": 5},
+        "endpoint": "http://127.0.0.1:30000",
+        "model": "glm53",  # the role passes a basename; /v1/models lists the full id
+        "env_file": str(env),
+        "tls_ca": None,
+        "interval": 30, "failures": 3, "probe_timeout": 20, "max_restarts": 3, "window": 21600,
+        "readiness_timeout": 3600, "gpu_release_timeout": 180, "node_wait_report": 600,
+        "alert_command": "", "state_dir": str(tmp_path / "state"),
+    }
+    config.update(overrides)
+    path = tmp_path / "supervisor.json"
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class World:
+    path: Path
+    clock: FakeClock
+    cluster: FakeCluster
+    sup: object
+    lines: list
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.sup.cfg.state_dir)
+
+    def state(self) -> dict:
+        return json.loads((self.state_dir / "state.json").read_text())
+
+    def tick(self, count: int = 1) -> None:
+        """What the daemon loop does: a check, then the interval."""
+        for _ in range(count):
+            self.sup.tick()
+            self.clock.advance(self.sup.cfg.interval)
+
+    def boot(self) -> None:
+        """A pair that serves, and a supervisor that has seen it serve."""
+        for node in self.cluster.nodes:
+            self.cluster.start_rank(node)
+        self.clock.advance(self.cluster.load_seconds + 1)
+        self.tick()
+        assert self.state()["state"] == "healthy", self.state()
+        self.cluster.clear()
+        self.lines.clear()
+
+    def actions(self) -> list[tuple[str, str]]:
+        """(node, verb) of every systemctl stop/start/reset-failed, in order."""
+        return [(node, cmd[1]) for _t, node, cmd in self.cluster.commands
+                if cmd[0] == "systemctl" and cmd[1] in ACTIONS]
+
+    def logged(self, event: str) -> list[str]:
+        return [line for line in self.lines if line.startswith(f"sglang-supervisor: {event}")]
+
+
+ORDERED_RESTART = [(HEAD, "stop"), (WORKER, "stop"), (HEAD, "reset-failed"), (WORKER, "reset-failed"),
+                   (WORKER, "start"), (HEAD, "start")]
+
+
+def assert_no_key(world: World) -> None:
+    """The API key is read from the env file and sent as a header: nowhere else."""
+    places = {
+        "log lines": "\n".join(world.lines),
+        "argv": json.dumps(world.cluster.argvs),
+        "commands": json.dumps([c for _t, _n, c in world.cluster.commands]),
+        "alert stdin": json.dumps(world.cluster.alerts),
+    }
+    if world.state_dir.exists():
+        for path in world.state_dir.iterdir():
+            places[str(path)] = path.read_text()
+    for where, text in places.items():
+        assert KEY not in text, f"the API key leaked into {where}"
+
+
+@pytest.fixture
+def new_world(tmp_path):
+    made = []
+
+    def make(**overrides) -> World:
+        clock = FakeClock()
+        cluster = FakeCluster(clock)
+        lines: list[str] = []
+        path = settings(tmp_path, **overrides)
+        sup = S.Supervisor(S.load_config(str(path)), runner=cluster, clock=clock, log=lines.append)
+        world = World(path, clock, cluster, sup, lines)
+        made.append(world)
+        return world
+
+    yield make
+    for world in made:
+        assert_no_key(world)
+        for line in world.lines:
+            assert "\n" not in line  # one journal line per event
+
+
+# ---- a healthy pair -----------------------------------------------------------------------------
+
+def test_a_healthy_pair_costs_one_generation_per_interval(new_world):
+    w = new_world()
+    w.boot()
+    w.tick(5)
+    commands = [c for _t, _n, c in w.cluster.commands]
+    assert len(commands) == 10 and all(c[:2] == ["systemctl", "show"] for c in commands)
+    assert [(m, p) for m, p, _h, _b in w.cluster.requests] == [("POST", "/v1/chat/completions")] * 5
+    for _m, _p, headers, body in w.cluster.requests:
+        assert headers["Authorization"] == f"Bearer {KEY}"
+        sent = json.loads(body)
+        assert sent["max_tokens"] == 1 and sent["model"] == MODEL_ID
+    st = w.state()
+    assert st["state"] == "healthy" and st["failures"] == 0 and st["restarts"] == []
+    assert st["ranks"] == {HEAD: "active/running", WORKER: "active/running"}
+    assert w.lines == []  # nothing happened, nothing is logged
+
+
+def test_workers_are_reached_over_ssh_with_the_pinned_host_keys(new_world):
+    w = new_world()
+    w.boot()
+    w.tick()
+    ssh = [argv for argv in w.cluster.argvs if argv[0] == "ssh"]
+    local = [argv for argv in w.cluster.argvs if argv[0] != "ssh"]
+    assert len(ssh) == 1 and len(local) == 1
+    argv = ssh[0]
+    for option in ("BatchMode=yes", "StrictHostKeyChecking=yes", "UserKnownHostsFile=/root/.ssh/known_hosts",
+                   "ConnectTimeout=5"):
+        assert argv[argv.index(option) - 1] == "-o", option
+    assert argv[argv.index("-i") + 1] == "/root/.ssh/id_spark_fabric"
+    assert "root@192.168.100.11" in argv
+
+
+def test_boot_with_every_rank_inactive_starts_the_group(new_world):
+    """After a power cycle of the pair the rank units are not enabled: the supervisor starts the group."""
+    w = new_world()
+    w.tick()
+    assert w.actions() == ORDERED_RESTART
+    st = w.state()
+    assert st["state"] == "healthy" and len(st["restarts"]) == 1
+    assert "every rank is down" in st["history"][0]["reason"]
+    assert len(w.logged("restart:")) == 1 and len(w.logged("restarted:")) == 1
+
+
+# ---- a rank dies --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("killed", [WORKER, HEAD])
+def test_sigkill_of_a_rank_restarts_the_whole_group_once(new_world, killed):
+    w = new_world()
+    w.boot()
+    w.cluster.kill(killed)
+    w.tick()
+    assert w.actions() == ORDERED_RESTART
+    # The start came only once both GPUs held no process (the model fails a start on a held GPU).
+    smi = [(i, node) for i, (_t, node, cmd) in enumerate(w.cluster.commands) if cmd[0] == "nvidia-smi"]
+    first_start = next(i for i, (_t, _n, cmd) in enumerate(w.cluster.commands) if cmd[:2] == ["systemctl", "start"])
+    assert len([1 for _i, node in smi if node == killed]) >= 2
+    assert max(i for i, _n in smi) < first_start
+    st = w.state()
+    assert st["state"] == "healthy" and len(st["restarts"]) == 1 and st["failures"] == 0
+    assert f"{killed} activating/auto-restart (Result=signal)" in w.logged("restart:")[0]
+    w.cluster.clear()
+    w.tick(10)
+    assert w.actions() == [] and len(w.state()["restarts"]) == 1  # one incident, one restart
+    assert len(w.logged("restart:")) == 1
+
+
+def test_a_hang_restarts_the_group_after_the_failures_in_a_row(new_world):
+    """A frozen rank: every unit stays active/running, generation stalls."""
+    w = new_world()
+    w.boot()
+    w.cluster.node(WORKER).frozen = True
+    w.tick(2)
+    st = w.state()
+    assert st["state"] == "probing-failed" and st["failures"] == 2 and w.actions() == []
+    assert [line.split(": ", 2)[1] for line in w.logged("probe-failed")] == ["probe-failed", "probe-failed"]
+    w.tick()
+    assert w.actions() == ORDERED_RESTART
+    st = w.state()
+    assert st["state"] == "healthy" and st["failures"] == 0 and len(st["restarts"]) == 1
+    assert "3 generations failed in a row" in w.logged("restart:")[0]
+    w.cluster.clear()
+    w.tick(5)
+    assert w.actions() == []
+
+
+def test_a_group_still_loading_is_not_taken_for_a_hang(new_world):
+    """The supervisor (re)started while the group loads: refused generations are not failures."""
+    w = new_world()
+    for node in w.cluster.nodes:
+        w.cluster.start_rank(node)
+    w.tick()
+    st = w.state()
+    assert st["state"] == "probing-failed" and st["failures"] == 0 and st["starting"] is True
+    assert len(w.logged("starting")) == 1
+    w.clock.advance(w.cluster.load_seconds)
+    w.tick()
+    assert w.state()["state"] == "healthy" and w.actions() == []
+    assert len(w.logged("starting")) == 1 and len(w.logged("healthy")) == 1
+
+
+def test_a_group_that_never_serves_is_restarted_after_the_readiness_timeout(new_world):
+    """The loading grace is bounded; the restart's own readiness wait is bounded too."""
+    w = new_world(readiness_timeout=600)
+    w.cluster.load_seconds = 10_000
+    for node in w.cluster.nodes:
+        w.cluster.start_rank(node)
+    w.tick(20)  # 600 s of grace
+    assert w.actions() == [] and w.state()["failures"] == 0
+    w.tick(3)
+    # The failed attempt leaves no started group behind.
+    assert w.actions() == [*ORDERED_RESTART, (HEAD, "stop"), (WORKER, "stop")]
+    st = w.state()
+    assert st["state"] == "stopped" and "not serving within 600s" in st["last_reason"]
+    assert "3 generations failed in a row" in w.logged("restart:")[0]
+    assert all(n.active != "active" for n in w.cluster.nodes)
+
+
+# ---- bounded ------------------------------------------------------------------------------------
+
+def test_five_incidents_give_up_at_the_limit(new_world):
+    w = new_world(alert_command="/usr/local/bin/page-oncall")
+    w.boot()
+    for _incident in range(3):
+        w.cluster.kill(WORKER)
+        w.tick()
+        assert w.state()["state"] == "healthy"
+        w.tick()
+    assert len(w.state()["restarts"]) == 3 and len(w.logged("restart:")) == 3
+    w.cluster.clear()
+    w.cluster.kill(WORKER)  # the fourth: one more restart would be needed
+    w.tick()
+    assert w.actions() == [(HEAD, "stop"), (WORKER, "stop")]
+    assert all(n.active == "inactive" for n in w.cluster.nodes)  # no half group holding memory
+    gave_up = w.logged("GAVE UP")
+    assert len(gave_up) == 1 and "3 group restarts within 21600s already (limit 3)" in gave_up[0]
+    marker = json.loads((w.state_dir / "gave-up.json").read_text())
+    assert marker["event"] == "gave-up" and "rank down while spark-0 runs alone" in marker["reason"]
+    assert len(marker["restarts"]) == 3 and marker["stopped"] == {HEAD: "stopped", WORKER: "stopped"}
+    for name in (HEAD, WORKER):
+        assert len(marker["journal"][name]) == 30
+        assert marker["journal"][name][25] == f"{name} sglang[35]: launch_server --api-key <redacted>"
+    [(command, stdin)] = w.cluster.alerts
+    assert command == "/usr/local/bin/page-oncall" and json.loads(stdin) == marker
+    assert w.logged("alert-sent")
+    st = w.state()
+    assert st["state"] == "gave-up" and st["history"][-1]["event"] == "gave-up"
+    # The fifth incident and everything after: nothing at all until `resume`.
+    w.cluster.clear()
+    w.cluster.start_rank(w.cluster.node(WORKER))
+    w.tick(10)
+    assert w.cluster.commands == [] and w.cluster.requests == [] and w.cluster.alerts == [(command, stdin)]
+    assert len(w.logged("GAVE UP")) == 1 and w.state()["state"] == "gave-up"
+
+
+def test_an_alert_command_that_fails_is_logged_not_fatal(new_world):
+    w = new_world(max_restarts=0, alert_command="curl -fsS --data-binary @- https://hooks.example/x")
+    w.cluster.alert_rc = 7
+    w.boot()
+    w.cluster.kill(HEAD)
+    w.tick()
+    assert len(w.cluster.alerts) == 1
+    assert w.logged("alert-failed") == ["sglang-supervisor: alert-failed: the alert command exited 7: "
+                                        "curl: (7) Failed to connect"]
+    assert w.state()["state"] == "gave-up" and w.state()["history"][-1]["alert"] == "failed: exit 7"
+
+
+def test_restarts_older_than_the_window_no_longer_count(new_world):
+    w = new_world(max_restarts=1, window=3600)
+    w.boot()
+    w.cluster.kill(WORKER)
+    w.tick()
+    assert len(w.state()["restarts"]) == 1
+    w.clock.advance(3600)
+    w.cluster.kill(WORKER)
+    w.tick()
+    st = w.state()
+    assert st["state"] == "healthy" and len(st["restarts"]) == 1 and not w.logged("GAVE UP")
+
+
+def test_resume_clears_a_give_up_and_the_next_check_starts_the_group(new_world, capsys):
+    w = new_world(max_restarts=0)
+    w.boot()
+    w.cluster.kill(WORKER)
+    w.tick()
+    assert w.state()["state"] == "gave-up" and (w.state_dir / "gave-up.json").exists()
+    assert S.main(["resume", "--config", str(w.path)], clock=w.clock) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": True, "state": "stopped", "cleared": ["give-up"]}
+    assert not (w.state_dir / "gave-up.json").exists()
+    st = w.state()
+    assert st["state"] == "stopped" and st["failures"] == 0 and st["restarts"] == []
+    assert st["history"][-1]["event"] == "resume"
+    # max_restarts 0 would give up again at once: resume makes the operator's fix count, not the budget.
+    w.sup.cfg = S.load_config(str(settings(w.path.parent, max_restarts=1)))
+    w.cluster.clear()
+    w.tick()
+    assert w.actions() == ORDERED_RESTART and w.state()["state"] == "healthy"
+    assert w.logged("resumed: no longer gave-up")
+    assert S.main(["resume", "--config", str(w.path)], clock=w.clock) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is True  # the restart's count was reset
+    assert S.main(["resume", "--config", str(w.path)], clock=w.clock) == 0
+    assert json.loads(capsys.readouterr().out) == {"changed": False, "state": "healthy", "cleared": []}
+
+
+# ---- restart attempts that fail -----------------------------------------------------------------
+
+def test_a_gpu_not_released_in_time_fails_the_attempt_and_counts(new_world):
+    w = new_world()
+    w.boot()
+    w.cluster.node(WORKER).gpu_release = 100_000  # leaked unified memory: the process never goes
+    w.cluster.kill(WORKER)
+    w.tick()
+    assert (WORKER, "start") not in w.actions() and (HEAD, "start") not in w.actions()
+    st = w.state()
+    assert st["state"] == "stopped" and len(st["restarts"]) == 1
+    assert "GPU not released within 180s: spark-1 still holds processes 5001" in st["last_reason"]
+    assert len(w.logged("restart-failed")) == 1
+    assert all(n.active != "active" for n in w.cluster.nodes)
+    # Each later check is a new attempt until the window's budget is spent: then it gives up.
+    w.tick(3)
+    assert len(w.logged("restart-failed")) == 3 and len(w.logged("GAVE UP")) == 1
+    assert w.state()["state"] == "gave-up" and len(w.state()["restarts"]) == 3
+
+
+def test_a_rank_that_dies_during_start_up_fails_the_attempt_at_once(new_world):
+    w = new_world()
+    w.boot()
+    w.cluster.node(WORKER).dies_after = 4  # e.g. the driver is not loaded
+    w.cluster.kill(WORKER)
+    t0 = w.clock.mono
+    w.tick()
+    st = w.state()
+    assert st["state"] == "stopped" and len(st["restarts"]) == 1
+    assert "a rank died during start-up: spark-1 failed/failed (Result=exit-code)" in st["last_reason"]
+    failed_at = next(t for t, _n, cmd in reversed(w.cluster.commands) if cmd[:2] == ["systemctl", "stop"])
+    assert failed_at - t0 < 60  # not the 3600 s readiness timeout
+    assert w.actions()[-2:] == [(HEAD, "stop"), (WORKER, "stop")]
+
+
+# ---- a node that does not answer ---------------------------------------------------------------
+
+def test_an_unreachable_worker_is_waited_for_and_the_group_restarts_when_it_is_back(new_world):
+    w = new_world()
+    w.boot()
+    w.cluster.power_off(WORKER)
+    w.tick()
+    st = w.state()
+    assert st["state"] == "waiting-for-node" and st["waiting_for"] == [WORKER]
+    assert w.actions() == [(HEAD, "stop")]  # the head alone would hold its memory and serve nothing
+    assert len(w.logged("waiting-for-node")) == 1 and "No route to host" in w.logged("waiting-for-node")[0]
+    w.tick(44)  # 22 minutes
+    st = w.state()
+    assert st["state"] == "waiting-for-node" and st["waited_seconds"] >= 1300
+    assert len(w.logged("waiting-for-node")) == 1 and len(w.logged("still-waiting")) == 2
+    assert w.actions() == [(HEAD, "stop")] and st["restarts"] == []
+    w.cluster.power_on(WORKER)
+    w.cluster.clear()
+    w.tick()
+    assert w.actions() == ORDERED_RESTART
+    st = w.state()
+    assert st["state"] == "healthy" and len(st["restarts"]) == 1 and st["waiting_for"] == []
+    assert "spark-1 answers again after" in w.logged("node-back")[0]
+
+
+# ---- the operator -------------------------------------------------------------------------------
+
+def test_paused_it_only_watches(new_world, capsys):
+    w = new_world()
+    w.boot()
+    assert S.main(["pause", "--config", str(w.path), "--reason", "deliberate stop.yml"], clock=w.clock) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["changed"] is True and printed["state"] == "paused"
+    assert printed["paused"]["reason"] == "deliberate stop.yml"
+    w.cluster.kill(WORKER)
+    w.tick(4)
+    assert S.main(["pause", "--config", str(w.path), "--reason", "again"], clock=w.clock) == 0
+    assert json.loads(capsys.readouterr().out) == {**printed, "changed": False}  # still the same pause
+    assert w.logged("paused") == ["sglang-supervisor: paused: paused by the operator: deliberate stop.yml; watching only"]
+    assert w.actions() == [] and w.cluster.requests == []
+    assert {cmd[1] for _t, _n, cmd in w.cluster.commands} == {"show"}
+    st = w.state()
+    assert st["state"] == "paused" and "deliberate stop.yml" in st["last_reason"]
+    assert st["ranks"][WORKER] == "activating/auto-restart (Result=signal)"
+
+
+def test_a_pause_during_a_restart_abandons_it(new_world):
+    w = new_world()
+    w.boot()
+    w.cluster.kill(WORKER)
+    # 20 s into the restart (the group loads for 40 s), the operator pauses.
+    w.clock.after(20, lambda: S.cmd_pause(str(w.state_dir), w.clock, "operator takes over"))
+    w.tick()
+    actions = w.actions()
+    assert actions == ORDERED_RESTART  # nothing after the pause: not even a stop
+    st = w.state()
+    assert st["state"] == "paused" and st["history"][-1]["event"] == "restart-abandoned"
+    assert w.logged("restart-abandoned")
+
+
+def test_sigterm_ends_the_loop_without_touching_the_ranks(new_world, capsys):
+    w = new_world()
+    w.boot()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    w.clock.after(100, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        assert S.main(["run", "--config", str(w.path)], runner=w.cluster, clock=w.clock) == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("sglang-supervisor: start: watching sglang.service on spark-0 (local), spark-1 every 30s")
+    assert out[-1] == "sglang-supervisor: exit: stopped by SIGTERM; the ranks are left as they are"
+    assert KEY not in "\n".join(out)
+    assert 3 <= len(w.cluster.requests) <= 5 and w.actions() == []
+    assert all(n.active == "active" for n in w.cluster.nodes)
+
+
+def test_a_supervisor_killed_mid_restart_loses_nothing_and_does_not_restart_twice(new_world):
+    """SIGTERM (or a crash) while the group loads; systemd starts the supervisor again."""
+    w = new_world()
+    w.boot()
+    w.cluster.kill(WORKER)
+    w.clock.after(15, lambda: setattr(w.sup, "stopping", True))
+    w.sup.run()
+    assert w.actions() == ORDERED_RESTART and all(n.active == "active" for n in w.cluster.nodes)
+    assert w.state()["state"] == "restarting" and len(w.state()["restarts"]) == 1
+    assert not [p for p in w.state_dir.iterdir() if p.name.endswith(".tmp")]
+    # The next supervisor reads the same state: the group is loading, which is no new incident.
+    w.sup = S.Supervisor(S.load_config(str(w.path)), runner=w.cluster, clock=w.clock, log=w.lines.append)
+    w.cluster.clear()
+    w.tick(4)
+    st = w.state()
+    assert w.actions() == [] and st["state"] == "healthy" and len(st["restarts"]) == 1
+
+
+def test_a_corrupt_state_file_is_not_fatal(new_world):
+    w = new_world()
+    w.boot()
+    (w.state_dir / "state.json").write_text('{"state": "healthy", "restarts": [')
+    w.tick()
+    assert w.state()["state"] == "healthy"
+
+
+def test_history_keeps_the_last_50_events(new_world):
+    w = new_world(failures=1000)
+    w.boot()
+    w.cluster.hang = True
+    w.tick(60)
+    st = w.state()
+    assert len(st["history"]) == 50 and st["history"][-1]["failures"] == 60
+
+
+# ---- the API key --------------------------------------------------------------------------------
+
+def test_the_api_key_travels_only_in_the_authorization_header(new_world):
+    """It is read at each probe (a new key is used at once) and redacted from the journal lines kept."""
+    w = new_world(max_restarts=1, alert_command="cat >/dev/null")
+    w.boot()
+    w.cluster.kill(WORKER)
+    w.tick(2)
+    w.cluster.kill(HEAD)
+    w.tick()  # gives up: the journal lines hold the key
+    assert w.state()["state"] == "gave-up"
+    assert {h.get("Authorization") for _m, _p, h, _b in w.cluster.requests} == {f"Bearer {KEY}"}
+    env = Path(w.sup.cfg.env_file)
+    env.write_text("SGLANG_API_KEY=sk-rotated\n")
+    w.cluster.key = "sk-rotated"
+    assert w.sup.generate(MODEL_ID).detail.startswith("generation: ")
+    assert w.cluster.requests[-1][2]["Authorization"] == "Bearer sk-rotated"
+    env.write_text(f"SGLANG_API_KEY={KEY}\n")  # assert_no_key (teardown) looks for the original key
+
+
+def test_without_a_key_no_authorization_header_is_sent(new_world):
+    w = new_world()
+    Path(w.sup.cfg.env_file).write_text("HF_HUB_OFFLINE=1\n")
+    w.cluster.key = ""
+    w.boot()
+    w.tick()
+    assert all("Authorization" not in h for _m, _p, h, _b in w.cluster.requests)
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"nodes": []}, "nodes must be a non-empty list"),
+    ({"nodes": [{"name": "spark-1", "address": "192.168.100.11"}]}, "must be the local node"),
+    ({"nodes": [{"name": "a", "local": True}, {"name": "a", "address": "x"}]}, "node names repeat"),
+    ({"interval": 0}, "interval must be a number >= 1"),
+    ({"endpoint": "127.0.0.1:30000"}, "endpoint must be an http:// or https:// URL"),
+    ({"model": ""}, "model must be a non-empty string"),
+])
+def test_bad_settings_are_refused(tmp_path, change, message):
+    with pytest.raises(S.ConfigError, match=message):
+        S.load_config(str(settings(tmp_path, **change)))
+
+
+def cli(*args: str, config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([NODE_PYTHON, "-I", str(PROGRAM), *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_status_pause_resume_on_a_state_directory(tmp_path):
+    config = settings(tmp_path)
+    state_dir = tmp_path / "state"
+    res = cli("status", config=config)
+    assert res.returncode == 0, res.stderr
+    st = json.loads(res.stdout)
+    assert st["state"] == "stopped" and st["paused"] is None and st["gave_up"] is None and st["restarts"] == []
+
+    res = cli("pause", "--reason", "deliberate stop.yml", config=config)
+    assert res.returncode == 0 and json.loads(res.stdout)["changed"] is True
+    assert json.loads(cli("pause", "--reason", "x", config=config).stdout)["changed"] is False
+    marker = json.loads((state_dir / "paused").read_text())
+    assert marker["reason"] == "deliberate stop.yml" and marker["time"].endswith("+00:00")
+    st = json.loads(cli("status", config=config).stdout)
+    assert st["state"] == "paused" and st["paused"]["reason"] == "deliberate stop.yml"
+
+    # A give-up left by the daemon, with a spent window.
+    (state_dir / "gave-up.json").write_text(json.dumps({"event": "gave-up", "reason": "rank down", "time": "t"}))
+    state = json.loads((state_dir / "state.json").read_text())
+    state.update(state="gave-up", failures=2, restarts=["2026-09-01T00:00:00+00:00"] * 3)
+    (state_dir / "state.json").write_text(json.dumps(state))
+    assert json.loads(cli("status", config=config).stdout)["gave_up"] == {"reason": "rank down", "time": "t"}
+
+    res = cli("resume", config=config)
+    assert res.returncode == 0 and json.loads(res.stdout) == {"changed": True, "state": "stopped",
+                                                              "cleared": ["pause", "give-up"]}
+    assert json.loads(cli("resume", config=config).stdout)["changed"] is False
+    assert not (state_dir / "paused").exists() and not (state_dir / "gave-up.json").exists()
+    st = json.loads(cli("status", config=config).stdout)
+    assert st["state"] == "stopped" and st["failures"] == 0 and st["restarts"] == []
+    assert st["paused"] is None and st["gave_up"] is None
+    assert [e["event"] for e in st["history"]] == ["pause", "resume"]
+    for path in state_dir.iterdir():
+        if path.name != ".lock":
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_cli_refuses_bad_settings_before_doing_anything(tmp_path):
+    config = tmp_path / "supervisor.json"
+    config.write_text(json.dumps({"model": "glm53", "state_dir": str(tmp_path / "state")}))
+    res = cli("run", config=config)
+    assert res.returncode == 2 and "config error" in res.stderr and "nodes must be a non-empty list" in res.stderr
+    assert not (tmp_path / "state").exists()
+
+
+# ---- the real runner (subprocess and urllib, on this machine) -----------------------------------
+
+def test_the_real_runner_runs_commands_with_a_deadline():
+    runner = S.Runner()
+    assert runner.run(["sh", "-c", "echo out; echo err >&2; exit 3"], 10) == S.Result(3, "out\n", "err\n")
+    assert runner.run(["cat"], 10, stdin='{"event": "gave-up"}').out == '{"event": "gave-up"}'
+    assert runner.run(["cat"], 10).out == ""  # no stdin: not the supervisor's own
+    assert runner.run(["sleep", "5"], 0.3).rc == S.TIMED_OUT
+    assert runner.run(["/nonexistent/nvidia-smi"], 10).rc == 127
+
+
+@pytest.fixture
+def endpoint(monkeypatch):
+    """A local stand-in of the head's endpoint that wants the key; a proxy in the environment is ignored."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args):
+            pass
+
+        def answer(self, code, payload):
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 - BaseHTTPRequestHandler's naming
+            if self.headers.get("Authorization") != f"Bearer {KEY}":
+                self.answer(401, {"error": "Unauthorized"})
+            else:
+                self.answer(200, {"data": [{"id": MODEL_ID}]})
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if body["messages"][0]["content"] == "stall":
+                threading.Event().wait(2)
+            self.answer(200, {"choices": [{"message": {"content": "OK"}}], "model": body["model"]})
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("http_proxy", "http://192.0.2.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://192.0.2.1:9")
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_real_runner_probes_the_endpoint(tmp_path, endpoint, monkeypatch):
+    sup = S.Supervisor(S.load_config(str(settings(tmp_path, endpoint=endpoint, probe_timeout=1))), log=print)
+    assert sup.models() == S.Probe(True, f"serving {MODEL_ID}", [MODEL_ID])
+    assert sup.generate(MODEL_ID).ok
+    monkeypatch.setattr(S, "PROBE_PROMPT", "stall")
+    assert sup.generate(MODEL_ID) == S.Probe(False, "generation: no answer within 1s")
+    Path(sup.cfg.env_file).write_text("SGLANG_API_KEY=wrong\n")
+    assert sup.models() == S.Probe(False, "/v1/models: HTTP 401", status=401)
+    Path(sup.cfg.env_file).write_text(f"SGLANG_API_KEY={KEY}\n")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    closed = S.Supervisor(S.load_config(str(settings(tmp_path, endpoint=f"http://127.0.0.1:{free}"))), log=print)
+    assert closed.generate() == S.Probe(False, "generation: connection refused (nothing listens yet)")
