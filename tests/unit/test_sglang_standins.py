@@ -524,6 +524,276 @@ def test_a_wrong_sglang_host_ip_on_rank0_hangs_the_group_after_init(tmp_path, mo
         assert "Error" not in text
 
 
+# --- serving needs every rank: a collective per decoding step, NCCL's watchdog, hangs ----------------
+
+
+def open_request(port, body):
+    """POST a chat completion over a bare socket; the caller reads the reply, or sees that none comes."""
+    sock = socket.create_connection((LOOPBACK, port), timeout=10)
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.0\r\nHost: {LOOPBACK}:{port}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def quiet_for(sock, seconds):
+    """Nothing arrives on the socket for `seconds`: no byte and no close (the request stays open)."""
+    return not select.select([sock], [], [], seconds)[0]
+
+
+class Stream:
+    """A streamed chat completion (server-sent events), read event by event."""
+
+    def __init__(self, port, body):
+        self.sock = open_request(port, {**body, "stream": True})
+        self.buf = b""
+
+    def _until(self, marker, timeout):
+        deadline = time.monotonic() + timeout
+        while marker not in self.buf:
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([self.sock], [], [], left)[0], f"no {marker!r}: {self.buf!r}"
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed before {marker!r}: {self.buf!r}"
+            self.buf += chunk
+        head, _, self.buf = self.buf.partition(marker)
+        return head.decode()
+
+    def headers(self, timeout=10):
+        return self._until(b"\r\n\r\n", timeout)
+
+    def event(self, timeout=10):
+        text = self._until(b"\n\n", timeout)
+        assert text.startswith("data: "), text
+        payload = text[len("data: "):]
+        return payload if payload == "[DONE]" else json.loads(payload)
+
+    def quiet_for(self, seconds):
+        return b"\n\n" not in self.buf and quiet_for(self.sock, seconds)
+
+    def drain(self, seconds):
+        """The events that come within `seconds`."""
+        events = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if b"\n\n" in self.buf:
+                events.append(self.event())
+            elif select.select([self.sock], [], [], left)[0]:
+                chunk = self.sock.recv(65536)
+                assert chunk, f"closed: {self.buf!r}"
+                self.buf += chunk
+        return events
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def tp_pair(model_dir, tmp_path):
+    """A serving TP=2 pair on this machine, knobs per rank: returns (head, worker, the head's port)."""
+    procs = []
+
+    def _pair(head_knobs=None, worker_knobs=None):
+        port, dist = free_port(), free_port()
+        worker = start_server(server_args(model_dir, free_port(), nnodes=2, rank=1, dist_port=dist),
+                              root=knob_root(tmp_path, worker_knobs))
+        head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist),
+                            root=knob_root(tmp_path, head_knobs))
+        procs.extend([head, worker])
+        wait_ready(port, head)
+        return head, worker, port
+
+    yield _pair
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        stop(proc)
+
+
+WATCHDOG = "Watchdog caught collective operation timeout: WorkNCCL(SeqNum="
+
+
+def test_a_frozen_peer_stalls_generation_while_health_answers_until_the_watchdog_takes_rank0_down(tp_pair):
+    head, worker, port = tp_pair(head_knobs={"watchdog_seconds": 3})
+    assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"
+    worker.send_signal(signal.SIGSTOP)
+    request = open_request(port, ASK)
+    try:
+        # No token without the frozen rank; the server itself still looks healthy.
+        assert quiet_for(request, 1.0)
+        assert http(port, "/health")[0] == 200
+        assert http(port, "/v1/models")[0] == 200
+        assert head.poll() is None
+        # Then NCCL's watchdog: the collective outlived its timeout, the process goes down.
+        assert head.wait(timeout=30) == 134
+    finally:
+        request.close()
+    out = head.stdout.read()
+    assert f"[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] {WATCHDOG}" in out
+    assert "Timeout(ms)=3000" in out
+    assert "terminate called after throwing an instance of 'c10::DistBackendError'" in out
+    assert out.index("Decode batch") < out.index(WATCHDOG)
+    # The worker, thawed, finds rank 0 gone and goes down with it.
+    worker.send_signal(signal.SIGCONT)
+    assert worker.wait(timeout=10) == 1
+    assert "NCCL error: remote process exited or there was a network error" in worker.stdout.read()
+
+
+def test_a_peer_frozen_mid_stream_stalls_the_stream_and_it_resumes_when_the_peer_does(tp_pair):
+    # 53 decoding steps of 0.05 s: time to freeze the worker while tokens are coming out.
+    head, worker, port = tp_pair(head_knobs={"token_seconds": 0.05})
+    stream = Stream(port, ASK)
+    try:
+        assert stream.headers().startswith("HTTP/1.0 200 ")
+        first = [stream.event() for _ in range(3)]
+        assert first[0]["choices"][0]["delta"]["role"] == "assistant"
+        worker.send_signal(signal.SIGSTOP)
+        # The step under way may have had its answer already: what it completes may still come out.
+        first += stream.drain(0.5)
+        assert stream.quiet_for(1.5)
+        assert http(port, "/health")[0] == 200
+        worker.send_signal(signal.SIGCONT)
+        events = []
+        while (event := stream.event()) != "[DONE]":
+            events.append(event)
+    finally:
+        stream.close()
+    deltas = [e["choices"][0]["delta"] for e in first + events if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "17 × 23 = 17 × 20 + 17 × 3 = 340 + 51 = 391"
+    assert "".join(d.get("content", "") for d in deltas) == "391"
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert head.poll() is None and worker.poll() is None
+
+
+def test_a_peer_that_dies_during_a_stalled_generation_takes_rank0_down_at_once(tp_pair):
+    head, worker, port = tp_pair()  # the watchdog: the rendezvous timeout, 600 s
+    worker.send_signal(signal.SIGSTOP)
+    request = open_request(port, ASK)
+    try:
+        assert quiet_for(request, 0.5)
+        worker.send_signal(signal.SIGKILL)
+        assert head.wait(timeout=10) == 1
+    finally:
+        request.close()
+    out = head.stdout.read()
+    assert "RuntimeError: NCCL error: remote process exited or there was a network error" in out
+    assert WATCHDOG not in out
+
+
+def test_a_tp_group_streams_and_serves_every_request_through_its_collectives(tp_pair):
+    head, worker, port = tp_pair()
+    for body in (ASK, {**ASK, "tools": TOOLS}):
+        assert http(port, "/v1/chat/completions", body)[0] == 200
+    stream = Stream(port, {**ASK, "tools": TOOLS, "stream_options": {"include_usage": True}})
+    try:
+        assert stream.headers().startswith("HTTP/1.0 200 ")
+        events = []
+        while (event := stream.event()) != "[DONE]":
+            events.append(event)
+    finally:
+        stream.close()
+    call = events[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather" and call["index"] == 0
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_the_hang_knob_keeps_health_green_while_generations_never_finish(serve, tmp_path):
+    root = knob_root(tmp_path, {"hang": True})
+    port, proc = serve(root=root)
+    assert http(port, "/health")[0] == 200
+    assert http(port, "/v1/models")[0] == 200
+    request = open_request(port, ASK)
+    stream = Stream(port, ASK)
+    try:
+        # No token and no error: the request stays open until the client gives up.
+        assert quiet_for(request, 1.5)
+        assert stream.headers().startswith("HTTP/1.0 200 ")
+        assert stream.quiet_for(0.5)
+    finally:
+        request.close()
+        stream.close()
+    # Read at each request: the same rank answers once the knob is off.
+    (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1, "hang": False}}))
+    assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"
+    assert proc.poll() is None
+
+
+# --- the GPU outlives an ended rank by gpu_release_seconds ------------------------------------------
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory."
+
+
+def wait_gpu_free(root, timeout=30):
+    deadline = time.monotonic() + timeout
+    while apps := compute_apps(root):
+        assert time.monotonic() < deadline, f"GPU still held: {apps}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("ending", ["SIGKILL", "docker stop", "crash"])
+def test_an_ended_ranks_gpu_stays_held_for_gpu_release_seconds(tmp_path, model_dir, ending):
+    release = 4
+    knobs = {"sglang": {"load_seconds": 0.1, "gpu_release_seconds": release,
+                        **({"tilelang_tile": "default"} if ending == "crash" else {})}}
+    root = node_root(tmp_path, "n", knobs)
+    assert docker(root, "pull", IMAGE).returncode == 0
+    port = free_port()
+    rank = subprocess.Popen([sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all",
+                             "--volume", f"{model_dir}:/models/glm53:ro", IMAGE, "python3", "-m",
+                             "sglang.launch_server", *server_args("/models/glm53", port)],
+                            env={**os.environ, **FABRIC_ENV, "SPARK_SIM_ROOT": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        if ending == "crash":
+            # Its cuda graph capture fails (the default TileLang tile): exit 1 with its memory pool allocated.
+            assert rank.wait(timeout=30) == 1
+        else:
+            wait_ready(port, rank)
+            pid = int(docker(root, "inspect", "--format", "{{.State.Pid}}", "sglang").stdout)
+            # While the rank lives, the driver lists it alone.
+            assert compute_apps(root) == [(pid, sys.executable)]
+            if ending == "SIGKILL":
+                os.kill(pid, signal.SIGKILL)
+                assert rank.wait(timeout=10) == 137
+            else:
+                assert docker(root, "stop", "--time", "5", "sglang").returncode == 0
+                assert rank.wait(timeout=10) == 143
+        ended = time.monotonic()
+        # docker run came back at once, the GPU is still held.
+        held = compute_apps(root)
+        assert len(held) == 1 and held[0][1] == sys.executable
+        # A rank started now does not find the memory it needs.
+        (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1}}))
+        again = server_args(model_dir, free_port())
+        rc, out = run_server(again, root=root)
+        assert time.monotonic() - ended < release, "too slow to see the GPU held; raise release"
+        assert rc == 1 and OOM in out and "GPU 0 has a total capacity of 119.70 GiB" in out
+        # Then the memory is released and a rank starts.
+        wait_gpu_free(root)
+        proc = start_server(again, root=root)
+        wait_ready(int(again[again.index("--port") + 1]), proc)
+        assert OOM not in stop(proc)
+    finally:
+        stop(rank)
+
+
+def test_without_gpu_release_seconds_the_gpu_is_free_when_the_rank_ends(tmp_path, model_dir):
+    root = knob_root(tmp_path)
+    port = free_port()
+    rank = start_server(server_args(model_dir, port), root=root)
+    try:
+        wait_ready(port, rank)
+        rank.send_signal(signal.SIGKILL)
+        rank.wait(timeout=10)
+        assert compute_apps(root) == []
+        proc = start_server(server_args(model_dir, port), root=root)
+        wait_ready(port, proc)
+        stop(proc)
+    finally:
+        stop(rank)
+
+
 # --- the docker stand-in ------------------------------------------------------
 
 

@@ -34,12 +34,19 @@ is there, in the order the real server meets it:
 8. The TileLang DSA kernels' shared memory at cuda graph capture: the default
    tile asks for 169984 bytes, a GB10 (sm_121) allows 101376. A speculative-
    decoding drafter (--speculative-algorithm) captures its verify shapes too.
-9. HTTP on rank 0 only: /health, /v1/models, /v1/chat/completions with the
-   seed's behaviours (reasoning parser glm45 splits thinking into
-   reasoning_content; without it thinking and </think> leak into content; tool
-   calls come back empty with parser glm, as tool_calls with glm47), --api-key,
-   --log-requests; a KV cache other than bfloat16 under the TileLang DSA kernels
-   garbles output (U+FFFD where multi-byte characters were).
+9. HTTP on rank 0 only: /health, /v1/models, /v1/chat/completions (also
+   streamed) with the seed's behaviours (reasoning parser glm45 splits thinking
+   into reasoning_content; without it thinking and </think> leak into content;
+   tool calls come back empty with parser glm, as tool_calls with glm47),
+   --api-key, --log-requests; a KV cache other than bfloat16 under the TileLang
+   DSA kernels garbles output (U+FFFD where multi-byte characters were).
+10. Generation needs every rank, as tensor parallelism does: each decoding step
+   is a collective that rank 0 sends to every other rank over its connection
+   on the fabric and that each must answer. A frozen peer stalls generation
+   (no token) while /health and /v1/models answer, until NCCL's watchdog takes
+   rank 0 down ("Watchdog caught collective operation timeout", exit 134); a
+   dead peer takes it down at once. The hang knob makes generations never
+   finish; gpu_release_seconds keeps an ended rank's GPU held for a while.
 
 Knobs: section "sglang" of /etc/spark-sim/node.json (tests/standins/README.md),
 section "gpu" key "compute_cap" for the shared-memory limit.
@@ -56,6 +63,7 @@ import signal
 import socket
 import socketserver
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -75,6 +83,10 @@ DEFAULTS = {
     "resident_gib": None,
     "output_corruption": [],
     "hub_reachable": False,
+    "watchdog_seconds": None,
+    "hang": False,
+    "gpu_release_seconds": 0,
+    "token_seconds": 0.0,
 }
 HYBRID_ERROR = (
     "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
@@ -691,18 +703,242 @@ def collective(peers, rank, timeout, seq):
         peer_lost(rank)
 
 
-def watch_peers(peers, rank):
-    """A serving TP group dies together: when a peer's connection drops, so does this rank."""
-    def watch(conn):
-        try:
-            while conn.recv(1):
-                pass
-        except OSError:
-            pass
-        peer_lost(rank)
+def watchdog_abort(rank, seq, timeout):
+    """NCCL's watchdog: a collective that outlived the process group's timeout takes the process down.
 
-    for lines in peers:
-        threading.Thread(target=watch, args=(lines.conn,), daemon=True).start()
+    The real rank aborts (std::terminate, SIGABRT): docker run reports 134. The stand-in exits with
+    134 itself, so that no core file is written on a machine whose core_pattern is a plain file.
+    """
+    ms = int(timeout * 1000)
+    work = f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms})"
+    caught = f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ms + 13} milliseconds " \
+             "before timing out."
+    pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {rank}]"
+    raw(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:632] {caught}")
+    raw(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:1664] {pg} Exception (either an error or timeout) detected by "
+        f"watchdog at work: {seq}, last enqueued NCCL work: {seq}, last completed NCCL work: {seq - 1}.")
+    raw(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:630] [Rank {rank}] Some NCCL operations have failed or timed out. Due "
+        "to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete "
+        "data.")
+    raw(f"[rank{rank}]:[E ProcessGroupNCCL.cpp:636] [Rank {rank}] To avoid data inconsistency, we are taking the "
+        "entire process down.")
+    raw("terminate called after throwing an instance of 'c10::DistBackendError'")
+    raw(f"  what():  {pg} Process group watchdog thread terminated with exception: {caught}")
+    os._exit(134)
+
+
+class TPGroup:
+    """Rank 0's side of the serving collectives: every decoding step is an all-reduce across all ranks.
+
+    Each step goes to every other rank over its connection on the fabric and needs its answer, as
+    tensor parallelism does: a frozen peer (SIGSTOP, a deadlock) stalls generation while /health and
+    /v1/models still answer; after the watchdog timeout the rank aborts like NCCL's watchdog. A peer
+    whose connection drops (it died) takes this rank down at once: a serving TP group dies together.
+    """
+
+    def __init__(self, peers, rank, watchdog):
+        self.peers = peers
+        self.rank = rank
+        self.watchdog = watchdog
+        self.seq = 2  # the start-up barriers were 1 and 2
+        self.acked = [0] * len(peers)
+        self.cond = threading.Condition()
+        self.one_at_a_time = threading.Lock()  # one forward pass (batch) at a time
+        for i, lines in enumerate(peers):
+            threading.Thread(target=self.answers, args=(i, lines), daemon=True).start()
+
+    def answers(self, i, lines):
+        while True:
+            try:
+                msg = lines.read(None)
+            except (EOFError, ValueError):
+                peer_lost(self.rank)
+            if isinstance(msg, dict) and isinstance(msg.get("ack"), int):
+                with self.cond:
+                    self.acked[i] = msg["ack"]
+                    self.cond.notify_all()
+
+    def step(self):
+        """One decoding step's collective; returns when every rank took part in it."""
+        if not self.peers:
+            return
+        with self.one_at_a_time:
+            self.seq += 1
+            seq = self.seq
+            try:
+                for lines in self.peers:
+                    send(lines.conn, {"step": seq})
+            except OSError:
+                peer_lost(self.rank)
+            deadline = time.monotonic() + self.watchdog
+            with self.cond:
+                while min(self.acked) < seq:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        watchdog_abort(self.rank, seq, self.watchdog)
+                    self.cond.wait(left)
+
+
+def take_part(peers, rank):
+    """A worker rank's serving loop: answer each of rank 0's steps; die with rank 0."""
+    (lines,) = peers
+    while True:
+        try:
+            msg = lines.read(None)
+        except (EOFError, ValueError):
+            peer_lost(rank)
+        if isinstance(msg, dict) and isinstance(msg.get("step"), int):
+            try:
+                send(lines.conn, {"ack": msg["step"]})
+            except OSError:
+                peer_lost(rank)
+
+
+# --- the GPU: held from CUDA initialisation until the process ends, and for a while after ------------
+
+# Memory that ended ranks still hold on this node's GPU: one file per holding process (its pid, its
+# start time, GiB). Under /run, so that a power cycle clears it as it clears the GPU.
+HELD_DIR = os.environ.get("SPARK_SIM_ROOT", "") + "/run/spark-sim/gpu-held"
+GPU = {"fd": None, "holder": None, "alive": None}
+
+
+def start_time(pid):
+    """A process's start time (clock ticks since boot): with the pid, what tells it from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def hold_gpu(k):
+    """The rank's CUDA context: the GPU's device stays open until the process ends, however it ends.
+
+    With gpu_release_seconds, the memory outlives the process by that long, as a large unified-memory
+    context takes time to tear down: a holder process keeps the device open (nvidia-smi lists it once
+    the rank is gone) and the memory the rank held counted (held_by_others), then lets go.
+    """
+    os.makedirs(os.path.dirname(GPU_DEVICE), exist_ok=True)
+    GPU["fd"] = os.open(GPU_DEVICE, os.O_RDWR | os.O_CREAT, 0o666)
+    seconds = float(k["gpu_release_seconds"] or 0)
+    if seconds > 0:
+        GPU["holder"] = lingering_holder(seconds)
+        record_held(0.0)
+
+
+def lingering_holder(seconds):
+    """Fork the process that holds the GPU for `seconds` after this one ends (stopped, killed or crashed).
+
+    It inherits the open device, leaves the container's process group (docker stop and kill signal
+    the group) and the unit's cgroup (dockerd runs a container's processes in docker-<id>.scope, so
+    the unit's stop does not wait for them), ignores termination signals, and waits for this process's
+    end: the write end of a pipe that only this process holds reads EOF then, however it ends.
+    """
+    alive_r, alive_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(alive_w)
+            os.close(ready_r)
+            os.setsid()
+            # docker run reads the rank's output until EOF: the holder must not keep it open.
+            null = os.open(os.devnull, os.O_RDWR)
+            for std in (0, 1, 2):
+                os.dup2(null, std)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            leave_unit(os.getpid())
+            os.write(ready_w, b"1")
+            os.close(ready_w)
+            while os.read(alive_r, 1):
+                pass
+            time.sleep(seconds)
+            try:
+                os.unlink(os.path.join(HELD_DIR, str(os.getpid())))
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    os.close(alive_r)
+    os.close(ready_w)
+    GPU["alive"] = alive_w
+    select.select([ready_r], [], [], 10)
+    os.close(ready_r)
+    return pid
+
+
+def leave_unit(pid):
+    """On a node: move the holder into a scope of its own, docker-<container id>.scope, as dockerd does.
+
+    Asked of systemd over D-Bus (StartTransientUnit with the process's PID), never on a workstation
+    (SPARK_SIM_ROOT set: a test's directory, not a node). Without it, the unit's stop would kill the
+    holder with the rank.
+    """
+    if os.environ.get("SPARK_SIM_ROOT") or not os.path.isdir("/run/systemd/system"):
+        return
+    cid = os.path.basename(os.environ.get("SPARK_SIM_CGROUP", "").rstrip("/"))
+    scope = f"docker-{cid}.scope" if cid else f"spark-sim-gpu-{pid}.scope"
+    try:
+        subprocess.run(["busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                        "org.freedesktop.systemd1.Manager", "StartTransientUnit", "ssa(sv)a(sa(sv))", scope, "fail",
+                        "3", "PIDs", "au", "1", str(pid), "Description", "s", "GPU memory of an ended SGLang rank",
+                        "CollectMode", "s", "inactive-or-failed", "0"],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15,
+                       check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def record_held(gib):
+    """The GiB this rank holds on the GPU, for the holder to keep counted after the rank ends."""
+    holder = GPU["holder"]
+    if holder is None:
+        return
+    os.makedirs(HELD_DIR, exist_ok=True)
+    path = os.path.join(HELD_DIR, str(holder))
+    with open(path + ".tmp", "w") as f:
+        f.write(f"{holder} {start_time(holder)} {gib}\n")
+    os.replace(path + ".tmp", path)
+
+
+def held_by_others():
+    """GiB of this node's GPU that other processes still hold (ranks whose memory is not released yet)."""
+    total = 0.0
+    try:
+        names = os.listdir(HELD_DIR)
+    except FileNotFoundError:
+        return total
+    for name in names:
+        if not name.isdigit() or int(name) == GPU["holder"]:
+            continue
+        path = os.path.join(HELD_DIR, name)
+        try:
+            with open(path) as f:
+                pid, started, gib = f.read().split()
+        except (OSError, ValueError):
+            continue
+        if start_time(int(pid)) != started:
+            # Its holder is gone (or the pid is another process's now): nothing held.
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            continue
+        total += float(gib)
+    return total
+
+
+def out_of_memory(rank, avail):
+    """torch's message when the weights do not fit beside what others hold."""
+    fail(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.03 GiB. GPU 0 has a total capacity of "
+         f"{GPU_TOTAL_GIB:.2f} GiB of which {max(0.0, avail % 1.03):.2f} GiB is free. Including non-PyTorch memory, "
+         f"this process has {max(0.0, avail - 1.03):.2f} GiB memory in use. Of the allocated memory "
+         f"{max(0.0, avail - 1.31):.2f} GiB is allocated by PyTorch, and 91.21 MiB is reserved by PyTorch but "
+         "unallocated. If reserved but unallocated memory is large try setting "
+         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+         "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)", rank)
 
 
 # --- memory: charged to the container's cgroup ---------------------------------------
@@ -715,6 +951,7 @@ def cgroup_file(name):
 
 def charge(gib, rank):
     """The rank now holds gib of the container's memory; over memory.max the kernel kills it."""
+    record_held(gib)
     current = cgroup_file("memory.current")
     if current is None:
         return
@@ -810,12 +1047,28 @@ def corruptions(args, k):
 
 
 class Engine:
-    def __init__(self, args, k):
+    def __init__(self, args, k, group):
         self.args = args
         self.model_id = args.served_model_name or container_path(args.model_path)
         self.lock = threading.Lock()
         self.total_tokens = 0
         self.corrupt = corruptions(args, k)
+        self.group = group
+        self.token_seconds = float(k["token_seconds"] or 0)
+        self.hang_at_start = bool(k["hang"])
+
+    def decode(self):
+        """One decoding step: the forward pass, whose all-reduces need every rank (TPGroup.step)."""
+        if self.token_seconds > 0:
+            time.sleep(self.token_seconds)
+        self.group.step()
+
+    def hangs(self):
+        """The hang knob, read at each request, so that a test can make a serving rank hang."""
+        try:
+            return bool(knobs()["hang"])
+        except ValueError:  # the knobs file is being rewritten
+            return self.hang_at_start
 
     def decode_log(self, tokens):
         with self.lock:
@@ -854,7 +1107,6 @@ class Engine:
             reasoning, answer = reasoning.replace("391", "394").replace("51", "54"), answer.replace("391", "394")
         reasoning_tokens = len(reasoning.split()) * 3 + 1
         answer_tokens = max(1, len(answer.split()))
-        self.decode_log(reasoning_tokens + answer_tokens)
         reasoning = self.garble(reasoning)
         if self.args.reasoning_parser == "glm45":
             message = {"role": "assistant", "content": answer, "reasoning_content": reasoning, "tool_calls": None}
@@ -871,7 +1123,6 @@ class Engine:
         name = function.get("name", "tool")
         params = (function.get("parameters") or {}).get("properties") or {}
         arguments = {key: "Beijing" if key in ("city", "location") else "x" for key in params}
-        self.decode_log(24)
         usage = {"prompt_tokens": 64, "completion_tokens": 24, "reasoning_tokens": 0}
         if self.args.tool_call_parser == "glm47":
             text = json.dumps(arguments, ensure_ascii=False)
@@ -903,13 +1154,15 @@ class NumericHTTPServer(ThreadingHTTPServer):
         self.server_port = port
 
 
-def hold_gpu():
-    """The rank's CUDA context: the GPU's device stays open until the process ends, however it ends."""
-    os.makedirs(os.path.dirname(GPU_DEVICE), exist_ok=True)
-    HELD.append(os.open(GPU_DEVICE, os.O_RDWR | os.O_CREAT, 0o666))
-
-
-HELD = []
+def stream_pieces(message):
+    """What a stream sends, delta by delta: the reasoning, then the content, word by word; tool calls whole."""
+    out = []
+    for field in ("reasoning_content", "content"):
+        if isinstance(message.get(field), str) and message[field]:
+            out += [(field, word) for word in re.findall(r"\s*\S+", message[field])]
+    if message.get("tool_calls"):
+        out.append(("tool_calls", message["tool_calls"]))
+    return out or [("content", message.get("content") or "")]
 
 
 def make_handler(engine):
@@ -928,6 +1181,52 @@ def make_handler(engine):
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def until_the_client_leaves(self):
+            """A request that never finishes stays open until the client gives up (closes its end)."""
+            conn = self.connection
+            while True:
+                if select.select([conn], [], [], 1.0)[0]:
+                    try:
+                        if not conn.recv(1, socket.MSG_PEEK):
+                            return
+                    except OSError:
+                        return
+                    time.sleep(1.0)  # it sent more: still there
+
+        def event(self, payload):
+            self.wfile.write(b"data: " + (payload if isinstance(payload, bytes) else
+                                          json.dumps(payload, ensure_ascii=False).encode()) + b"\n\n")
+
+        def stream(self, rid, body, message, finish, usage):
+            """Server-sent events, a chunk as soon as the steps that make it have run."""
+            created, model = int(time.time()), body.get("model", engine.model_id)
+
+            def chunk(delta, reason=None):
+                return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason,
+                                     "matched_stop": 151336 if reason == "stop" else None}],
+                        "usage": None}
+
+            pieces = stream_pieces(message)
+            steps = usage["completion_tokens"]
+            # Piece i is out once its share of the steps has run.
+            due = [min(steps, -(-(i + 1) * steps // len(pieces))) for i in range(len(pieces))]
+            sent = 0
+            for step in range(1, steps + 1):
+                engine.decode()
+                while sent < len(pieces) and due[sent] <= step:
+                    field, value = pieces[sent]
+                    delta = {"role": "assistant"} if sent == 0 else {}
+                    if field == "tool_calls":
+                        value = [{**call, "index": i} for i, call in enumerate(value)]
+                    delta[field] = value
+                    self.event(chunk(delta))
+                    sent += 1
+            self.event(chunk({}, finish))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                self.event({**chunk({}), "choices": [], "usage": usage})
+            self.event(b"[DONE]")
 
         def authorized(self):
             key = engine.args.api_key
@@ -965,9 +1264,35 @@ def make_handler(engine):
                                      "code": 400})
                 return
             rid = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:32]
+            try:
+                self.generate(rid, body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up: the request is aborted, as the real server aborts it
+
+        def generate(self, rid, body):
+            if engine.hangs():
+                # A scheduler that hangs: no token, no error; a stream has its headers and nothing more.
+                if body.get("stream"):
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.end_headers()
+                self.until_the_client_leaves()
+                return
             message, finish, usage = engine.chat(body)
-            engine.request_log(rid, body, message)
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            if body.get("stream"):
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.end_headers()
+                self.stream(rid, body, message, finish, usage)
+            else:
+                for _ in range(usage["completion_tokens"]):
+                    engine.decode()
+            engine.decode_log(usage["completion_tokens"])
+            engine.request_log(rid, body, message)
+            if body.get("stream"):
+                return
             self.send_json(200, {
                 "id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": body.get("model", engine.model_id),
@@ -986,7 +1311,7 @@ def main(argv):
         rank)
     if os.environ.get("NVIDIA_VISIBLE_DEVICES") in (None, "", "void", "none"):
         fail("RuntimeError: No CUDA GPUs are available", rank)
-    hold_gpu()
+    hold_gpu(k)
     if args.tp_size != args.nnodes:
         fail(f"AssertionError: tp_size {args.tp_size} must equal nnodes {args.nnodes} x 1 GPU per node "
              "on this GB10 cluster", rank)
@@ -1000,7 +1325,12 @@ def main(argv):
         peers = Group(args, timeout).init()
     log("Init torch distributed ends. mem usage=0.00 GB", rank)
     need = resident_gib(args, k)
-    log(f"Load weight begin. avail mem=119.{40 + rank} GB", rank)
+    # What ended ranks still hold (gpu_release_seconds) is not free for this one.
+    held = held_by_others()
+    avail = 119.40 + rank / 100 - held
+    log(f"Load weight begin. avail mem={avail:.2f} GB", rank)
+    if WEIGHTS_GIB > avail:
+        out_of_memory(rank, avail)
     charge(min(need, WEIGHTS_GIB + 1.0), rank)
     time.sleep(float(k["load_seconds"]))
     log("Load weight end. type=Glm5NextForConditionalGeneration, dtype=torch.bfloat16, avail mem=28.73 GB, "
@@ -1014,12 +1344,15 @@ def main(argv):
     log(f"Memory pool end. avail mem={max(0.0, GPU_TOTAL_GIB - need):.2f} GB", rank)
     collective(peers, rank, timeout, 2)
     capture(args, rank, k)
-    watch_peers(peers, rank)
+    # Serving: every decoding step is a collective across the ranks (TPGroup), with NCCL's watchdog.
+    watchdog = float(k["watchdog_seconds"] or timeout)
     if rank != 0:
         log("Rank ready; serving is done by rank 0", rank)
+        if peers:
+            take_part(peers, rank)
         threading.Event().wait()
         return 0
-    engine = Engine(args, k)
+    engine = Engine(args, k, TPGroup(peers, 0, watchdog))
     httpd = NumericHTTPServer((args.host, args.port), make_handler(engine))
     log(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)", 0)
     log("The server is fired up and ready to roll!", 0)
