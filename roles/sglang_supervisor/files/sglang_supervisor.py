@@ -1040,11 +1040,13 @@ def cmd_resume(state_dir: str, clock) -> int:
         for path in (store.pause_path, store.gave_up_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        reset = bool(st["failures"] or st["restarts"])
-        st["failures"] = 0
-        st["restarts"] = []
-        st.pop("starting", None)
-        changed = bool(cleared) or reset
+        # The budget starts afresh only when an operator cleared something: a deployment that
+        # merely confirms a serving group (every no-change run resumes) must not reset it.
+        if cleared:
+            st["failures"] = 0
+            st["restarts"] = []
+            st.pop("starting", None)
+        changed = bool(cleared)
         if changed:
             reason = f"resumed by the operator (cleared: {', '.join(cleared) or 'nothing'}); failures and restarts reset"
             if st["state"] == "gave-up":
