@@ -4,7 +4,10 @@
     python -m tests.harness up [-i NAME] [-n 2]   # boot N nodes, print the inventory path
     python -m tests.harness knob -i NAME spark-1 '{"gpu": {"present": false}}'
     python -m tests.harness down [-i NAME]        # remove every trace of the instance
-    python -m tests.harness status                # instances and leftovers
+    python -m tests.harness power-cycle -i NAME [--off-seconds S] (--all | NODE...)
+    python -m tests.harness power-off -i NAME (--all | NODE...)   # pull the plug, keep the disk
+    python -m tests.harness power-on -i NAME (--all | NODE...)    # boot the same disk again
+    python -m tests.harness status                # instances, nodes on or off, leftovers
 """
 
 from __future__ import annotations
@@ -37,8 +40,22 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("-i", "--instance", default="sim")
     again.add_argument("node")
     again.add_argument("--knobs", default="{}", help='JSON {"gpu": {...}} for the fresh node')
-    sub.add_parser("status", help="list instances and anything left behind")
+    power = {
+        "power-cycle": "power nodes off together (no shutdown), then on; root filesystems, host keys and network kept",
+        "power-off": "pull the nodes' plugs: killed at once, no shutdown; their disks stay",
+        "power-on": "boot nodes that are off with the disks and network they had; returns when sshd answers",
+    }
+    for name, text in power.items():
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("-i", "--instance", default="sim")
+        if name == "power-cycle":
+            cmd.add_argument("--off-seconds", type=float, default=0.0, help="how long the nodes stay off")
+        cmd.add_argument("--all", action="store_true", help="every node of the instance")
+        cmd.add_argument("nodes", nargs="*", metavar="NODE")
+    sub.add_parser("status", help="list instances, their nodes' power and anything left behind")
     args = p.parse_args(argv)
+    if args.cmd in power and bool(args.all) == bool(args.nodes):
+        p.error(f"{args.cmd}: name the nodes or give --all (not both)")
 
     if args.cmd == "image":
         rootfs = image.ensure_image(cluster.CACHE_ROOT)
@@ -53,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         cluster.set_knobs(args.instance, args.node, json.loads(args.json))
     elif args.cmd == "reinstall":
         cluster.reinstall(args.instance, args.node, json.loads(args.knobs))
+    elif args.cmd == "power-cycle":
+        cluster.power_cycle(args.instance, args.nodes or None, args.off_seconds)
+    elif args.cmd == "power-off":
+        for node in args.nodes or [n.name for n in cluster.instance_nodes(args.instance)]:
+            cluster.power_off(args.instance, node)
+    elif args.cmd == "power-on":
+        for node in args.nodes or [n.name for n in cluster.instance_nodes(args.instance)]:
+            cluster.power_on(args.instance, node)
     elif args.cmd == "status":
         for c in cluster.instances():
-            print(f"{c.instance}: " + ", ".join(f"{n.name}={n.mgmt_ip}" for n in c.nodes))
+            print(f"{c.instance}: " + ", ".join(f"{n.name}={n.mgmt_ip} ({cluster.power_state(c.instance, n.name)})"
+                                                for n in c.nodes))
         for item in cluster.leftovers():
             print(f"present: {item}")
     return 0

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -218,6 +219,127 @@ def reinstall(instance: str, node: str, knobs: dict | None = None) -> Node:
     return n
 
 
+def power_off(instance: str, node_name: str) -> Node:
+    """Pull the node's plug: its machine is killed at once, no shutdown runs. Its disk (the root
+    filesystem overlay: machine-id, SSH host keys, /etc, the knobs file) stays, as do its namespace
+    and cabling; its NICs lose their links, addresses and runtime firewall (_nic_off). A node that
+    is off already stays off."""
+    with _lock():
+        c, n = _find_node(instance, node_name)
+        _power_off(c, n)
+        c.save()
+    log(f"instance {instance}: {node_name} powered off")
+    return n
+
+
+def power_on(instance: str, node_name: str, timeout: float = 90) -> Node:
+    """Boot a node that is off with the disk and network it had: same root filesystem, management
+    address, fabric link and knobs. Returns once its sshd answers (the boot may still be starting
+    units: enabled units start as on a real machine). A node that shut itself down (a poweroff from
+    inside, its supply's pid gone) is cleaned up and booted the same way."""
+    with _lock():
+        c, n = _find_node(instance, node_name)
+        _power_on(c, n)
+        c.save()
+    _wait_ssh(n, timeout)
+    log(f"instance {instance}: {node_name} powered on")
+    return n
+
+
+def power_cycle(instance: str, node_names, off_seconds: float = 0.0, timeout: float = 90) -> list[Node]:
+    """Power the named nodes (None or empty: all of them) off together, keep them off for
+    off_seconds, then on together; returns once every one's sshd answers."""
+    with _lock():
+        c = _load(instance)
+        nodes = _nodes(c, node_names)
+        for n in nodes:
+            _power_off(c, n)
+        c.save()
+    log(f"instance {instance}: {', '.join(n.name for n in nodes)} powered off")
+    if off_seconds > 0:
+        time.sleep(off_seconds)
+    with _lock():
+        c = _load(instance)
+        nodes = _nodes(c, [n.name for n in nodes])
+        for n in nodes:
+            _power_on(c, n)
+        c.save()
+    for n in nodes:
+        _wait_ssh(n, timeout)
+    log(f"instance {instance}: {', '.join(n.name for n in nodes)} powered on")
+    return nodes
+
+
+def instance_nodes(instance: str) -> list[Node]:
+    return list(_load(instance).nodes)
+
+
+def power_state(instance: str, node_name: str) -> str:
+    """"on" while the node's power supply runs (a reboot from inside keeps it on), else "off"."""
+    _, n = _find_node(instance, node_name)
+    return "on" if n.pid and _alive(n.pid) else "off"
+
+
+def wait_ssh(instance: str, node_name: str, timeout: float = 90) -> Node:
+    """Wait until the node's sshd answers (e.g. after a reboot from inside)."""
+    _, n = _find_node(instance, node_name)
+    _wait_ssh(n, timeout)
+    return n
+
+
+def _power_off(c: Cluster, n: Node) -> None:
+    if n.pid and not _alive(n.pid):
+        log(f"{n.name} had shut itself down (its power supply, pid {n.pid}, is gone)")
+    # Everything of the node at once: the supply, nspawn and every process inside.
+    _kill_cgroup(_node_cgroup(c.instance, n.name))
+    _reap(n.pid)
+    # A stale subtree left from the old boot hangs the next systemd in it.
+    for cg in _cgroup_dirs(c.instance, n.name):
+        _rmdir_tree(cg)
+    shutil.rmtree(f"/run/systemd/nspawn/propagate/spsim-{c.instance}-{n.name}", ignore_errors=True)
+    for cmd in _nic_off(n):
+        run(cmd, check=False, quiet=True)
+    n.pid = 0
+
+
+def _power_on(c: Cluster, n: Node) -> None:
+    if n.pid and _alive(n.pid):
+        raise RuntimeError(f"harness: {n.name} of instance {c.instance} is on (power supply pid {n.pid})")
+    if not os.path.ismount(Path(n.dir) / "merged"):
+        raise RuntimeError(f"harness: {n.name} of instance {c.instance} has no disk ({n.dir}/merged is not mounted)")
+    _power_off(c, n)  # what a node that went off by itself left behind
+    for cmd in _nic_on(n):
+        run(cmd, quiet=True)
+    _boot(c, n)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a supply this process started, so that it leaves no zombie."""
+    if pid:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _wait_ssh(n: Node, timeout: float = 90) -> None:
+    """Until sshd on the node runs a command (the event itself, polled; no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not (n.pid and _alive(n.pid)):
+            raise RuntimeError(f"harness: {n.name} is off (its power supply exited); see {n.dir}/console.log")
+        try:
+            with socket.create_connection((n.mgmt_ip, 22), timeout=2):
+                pass
+            if subprocess.run(ssh_base(n) + ["true"], capture_output=True, timeout=30).returncode == 0:
+                return
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"harness: {n.name}'s sshd does not answer after {timeout}s; see {n.dir}/console.log")
+        time.sleep(0.2)
+
+
 def _halt(c: Cluster, n: Node) -> None:
     """Power a node off and remove its root filesystem (its namespace stays)."""
     if n.pid and _alive(n.pid):
@@ -378,14 +500,27 @@ def set_knobs_in(merged: Path, knobs: dict) -> None:
         smi.chmod(0o755)
 
 
-def _find_node(instance: str, node: str) -> tuple[Cluster, Node]:
+def _load(instance: str) -> Cluster:
     c = Cluster.load(instance)
     if c is None:
         raise SystemExit(f"harness: no instance {instance!r}")
-    n = next((x for x in c.nodes if x.name == node), None)
-    if n is None:
-        raise SystemExit(f"harness: instance {instance} has no node {node!r}")
-    return c, n
+    return c
+
+
+def _nodes(c: Cluster, names) -> list[Node]:
+    """The named nodes of a cluster, in the order given; None or empty: all of them."""
+    if not names:
+        return list(c.nodes)
+    by_name = {n.name: n for n in c.nodes}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise SystemExit(f"harness: instance {c.instance} has no node {', '.join(map(repr, unknown))}")
+    return [by_name[name] for name in dict.fromkeys(names)]
+
+
+def _find_node(instance: str, node: str) -> tuple[Cluster, Node]:
+    c = _load(instance)
+    return c, _nodes(c, [node])[0]
 
 
 def set_knobs(instance: str, node: str, knobs: dict) -> None:
@@ -393,20 +528,77 @@ def set_knobs(instance: str, node: str, knobs: dict) -> None:
     set_knobs_in(Path(n.dir) / "merged", knobs)
 
 
+# The node's power supply: a shell that runs the machine (systemd-nspawn) and, when the machine
+# reboots itself (`systemctl reboot` inside: nspawn exits 133), resets its NICs and boots it again,
+# as systemd-nspawn@.service does with RestartForceExitStatus=133. Any other end of the machine
+# (a poweroff from inside, or SIGTERM here: forwarded to nspawn, an orderly poweroff) ends the
+# supply: the node is off and Node.pid is gone (power_state says so; power_on boots it again).
+# $1: the node's cgroup; the supply lives in power/, the machine in machine/ (nspawn makes its
+# supervisor/ and payload/ there); $2: the node's mirror in the v1 name=systemd hierarchy or "".
+POWER_SUPPLY = r"""
+cg=$1 v1=$2
+shift 2
+echo $$ > "$cg/power/cgroup.procs" || exit 1
+off=0 child= rc=0
+trap 'off=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM
+while [ "$off" = 0 ]; do
+    # A stale subtree left from the last boot hangs the next systemd in it.
+    for d in "$cg/machine" $v1; do
+        [ -d "$d" ] && find "$d" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null
+    done
+    (echo $BASHPID > "$cg/machine/cgroup.procs" && exec "$@") &
+    child=$!
+    wait "$child"; rc=$?
+    while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+    [ "$rc" = 133 ] && [ "$off" = 0 ] || break
+    echo "harness: $(date -u +%FT%TZ) the node rebooted itself: its NICs reset, booting it again"
+    @NIC_RESET@
+done
+exit "$rc"
+"""
+
+
+def _nic_off(n: Node) -> list[list[str]]:
+    """What a power loss does to the node's NICs (the namespace and cabling stay): links down (the
+    peer's fabric port loses its carrier), no address, the fabric port back to MTU 1500, and the
+    runtime firewall gone. The node's own configuration sets them up again when it boots."""
+    ns, nft = n.netns, ["nsenter", f"--net=/run/netns/{n.netns}", f"--root={Path(n.dir) / 'merged'}", "nft"]
+    return [
+        ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "down"],
+        ["ip", "-n", ns, "addr", "flush", "dev", FABRIC_IFACE],
+        ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "mtu", "1500"],
+        ["ip", "-n", ns, "link", "set", MGMT_IFACE, "down"],
+        ["ip", "-n", ns, "addr", "flush", "dev", MGMT_IFACE],
+        [*nft, "flush", "ruleset"],
+    ]
+
+
+def _nic_on(n: Node) -> list[list[str]]:
+    """The NICs as a node first boots with them (_network_up): links up, the management address."""
+    ns = n.netns
+    return [
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "addr", "replace", f"{n.mgmt_ip}/24", "dev", MGMT_IFACE],
+        ["ip", "-n", ns, "link", "set", MGMT_IFACE, "up"],
+        ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "up"],
+    ]
+
+
 def _boot(c: Cluster, n: Node) -> None:
     cg = _node_cgroup(c.instance, n.name)
-    cg.mkdir(parents=True, exist_ok=True)
+    for sub in ("power", "machine"):
+        (cg / sub).mkdir(parents=True, exist_ok=True)
+    v1 = _V1_SYSTEMD / "spark-sim" / c.instance / n.name if (_V1_SYSTEMD / "cgroup.procs").exists() else ""
     env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
-    logf = open(Path(n.dir) / "console.log", "w")
+    # Appended to: a power cycle keeps the node's earlier boots on its console.
+    logf = open(Path(n.dir) / "console.log", "a")
+    reset = "\n    ".join(shlex.join(cmd) + " >/dev/null 2>&1" for cmd in _nic_off(n) + _nic_on(n))
     # nsenter, not `ip netns exec`: the latter remounts /sys and breaks
     # nspawn's view of the cgroup tree. The node gets a cgroup of its own so
     # that it can shut down cleanly with SSH sessions still open.
-    script = (
-        'echo $$ > "$1/cgroup.procs" && shift && exec "$@"'
-    )
     proc = subprocess.Popen(
         [
-            "bash", "-c", script, "boot", str(cg),
+            "bash", "-c", POWER_SUPPLY.replace("@NIC_RESET@", reset), f"power-{n.name}", str(cg), str(v1),
             "nsenter", f"--net=/run/netns/{n.netns}",
             "systemd-nspawn", "--boot", "--register=no", "--keep-unit",
             "--capability=CAP_NET_ADMIN", "--console=passive",

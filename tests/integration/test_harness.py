@@ -27,6 +27,7 @@ def test_nodes_boot_real_systemd_with_own_identity(sim_cluster):
         assert sh(node, "ps -o comm= -p 1").strip() == "systemd"
         state = sh(node, "systemctl is-system-running", check=False).strip()
         assert state in ("running", "degraded"), state
+        assert sim.power_state(sim_cluster.instance, node.name) == "on"
         assert sh(node, "hostname").strip() == node.name
         ids.add(sh(node, "cat /etc/machine-id").strip())
         # The node's own cgroup v2 tree, not the host's.

@@ -849,7 +849,7 @@ def lingering_holder(seconds):
                 os.dup2(null, std)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_IGN)
-            leave_unit(os.getpid())
+            leave_unit(os.getpid(), seconds)
             os.write(ready_w, b"1")
             os.close(ready_w)
             while os.read(alive_r, 1):
@@ -869,7 +869,7 @@ def lingering_holder(seconds):
     return pid
 
 
-def leave_unit(pid):
+def leave_unit(pid, seconds):
     """On a node: move the holder into a scope of its own, docker-<container id>.scope, as dockerd does.
 
     Asked of systemd over D-Bus (StartTransientUnit with the process's PID), never on a workstation
@@ -883,7 +883,8 @@ def leave_unit(pid):
     try:
         subprocess.run(["busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
                         "org.freedesktop.systemd1.Manager", "StartTransientUnit", "ssa(sv)a(sa(sv))", scope, "fail",
-                        "3", "PIDs", "au", "1", str(pid), "Description", "s", "GPU memory of an ended SGLang rank",
+                        "3", "PIDs", "au", "1", str(pid), "Description", "s",
+                        f"GPU memory of an SGLang rank, held {seconds:g} s after the rank ends",
                         "CollectMode", "s", "inactive-or-failed", "0"],
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15,
                        check=False)
