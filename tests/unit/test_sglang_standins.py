@@ -1174,6 +1174,13 @@ def test_sglang_standin_serves_without_resolving_a_name(model_dir):
     try:
         reply = get_when_up(port, "/v1/models", proc)
         assert reply.startswith("HTTP/1.0 200 ") and str(model_dir) in reply
+        # A generation too, through its decoding steps, streamed and not.
+        for body in (ASK, {**ASK, "stream": True}):
+            with open_request(port, body) as sock:
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+            assert data.startswith(b"HTTP/1.0 200 ") and b"391" in data
     finally:
         out = stop(proc)
     assert "name resolution" not in out, out
