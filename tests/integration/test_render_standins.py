@@ -65,11 +65,15 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
     (model / "processor_config.json").write_text("{}")
     port, dist = free_port(), free_port()
     out = tmp_path / "rendered"
-    result = run_playbook("playbooks/render.yml", REPO / "inventory" / "spark", extravars={
+    # Both "nodes" are this machine: every fabric address is on the loopback (distinct ones, as the
+    # inventory check demands), and so is the fabric interface NCCL and Gloo bind to (the stand-in
+    # looks it up like they do). The management addresses are the example's: render dials none.
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"spark": {"children": {
+        "spark_head": {"hosts": {"spark-0": {"ansible_host": "10.0.0.10", "spark_fabric_ip": "127.0.1.10"}}},
+        "spark_workers": {"hosts": {"spark-1": {"ansible_host": "10.0.0.11", "spark_fabric_ip": "127.0.1.11"}}}}}}))
+    result = run_playbook("playbooks/render.yml", inventory, extravars={
         "sglang_server_render_dir": str(out),
-        # Both "nodes" are this machine: every address is the loopback, and so is the fabric
-        # interface NCCL and Gloo bind to (the stand-in looks it up like they do).
-        "spark_fabric_ip": LOOPBACK,
         "spark_fabric_interface": "lo",
         "sglang_server_host": LOOPBACK,
         "sglang_server_port": port,

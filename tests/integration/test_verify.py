@@ -90,8 +90,10 @@ def local_inventory(tmp_path):
         "spark": {
             "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
             "children": {
-                "spark_head": {"hosts": {"spark-0": {"ansible_host": LOOPBACK, "spark_fabric_ip": LOOPBACK}}},
-                "spark_workers": {"hosts": {"spark-1": {"ansible_host": LOOPBACK, "spark_fabric_ip": LOOPBACK}}},
+                # Distinct fabric addresses that are not the management one, as the inventory check
+                # demands; verify never dials them (loopback addresses all the same).
+                "spark_head": {"hosts": {"spark-0": {"ansible_host": LOOPBACK, "spark_fabric_ip": "127.0.1.10"}}},
+                "spark_workers": {"hosts": {"spark-1": {"ansible_host": LOOPBACK, "spark_fabric_ip": "127.0.1.11"}}},
             },
         }
     }))
