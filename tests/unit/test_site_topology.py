@@ -108,3 +108,10 @@ def test_model_dir_must_be_two_levels_deep():
 def test_group_names_in_messages_follow_the_parameters():
     c_errors = errors(head=(), workers=("spark-0", "spark-1"), head_group_name="heads", worker_group_name="ranks")
     assert any(e.startswith("inventory group heads = []: it must hold exactly one host") for e in c_errors)
+
+
+def test_a_supervisor_needs_the_fabric_ssh_trust():
+    [error] = errors(sglang_server_supervised=True, peer_ssh=False)
+    assert error.startswith("sglang_supervisor_enabled = true with fabric_ssh_trust = false") and "Fix:" in error
+    assert errors(sglang_server_supervised=False, peer_ssh=False) == []
+    assert errors(sglang_server_supervised=True, peer_ssh=True) == []

@@ -476,6 +476,17 @@ def _check_shape(ctx, model, nodes, errors):
         )
 
 
+def _check_supervision(ctx, nodes, errors):
+    """The supervisor on the head reaches the workers over the fabric SSH trust; without it it could never restart them."""
+    if ctx.get("sglang_server_supervised") is True and ctx.get("peer_ssh") is False and nodes and len(nodes) > 1:
+        errors.append(
+            "sglang_supervisor_enabled = true with fabric_ssh_trust = false: the group supervisor on the head reads and "
+            "restarts the workers' ranks over the fabric SSH trust, so it would find them unreachable and hold the group "
+            "stopped. Fix: keep fabric_ssh_trust true, or set sglang_supervisor_enabled: false (each rank then restarts "
+            "itself, Restart=on-failure)."
+        )
+
+
 def _check_image_tag(image, digest, errors):
     """A moving tag lets two nodes (or two runs) pull different images."""
     if not isinstance(image, str) or not IMAGE_REF.match(image) or digest:
@@ -604,6 +615,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     nodes, head = _check_topology(ctx, errors)
     port, dist = _check_scalars(ctx, errors)
     _check_shape(ctx, model, nodes, errors)
+    _check_supervision(ctx, nodes, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
     if errors:
