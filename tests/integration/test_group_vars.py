@@ -31,6 +31,9 @@ def probe_playbooks():
         - name: Probe
           hosts: spark
           gather_facts: false
+          # Like every project play (its roles depend on it): the site role brings the site's defaults.
+          roles:
+            - role: spark
           tasks:
             - name: Report
               ansible.builtin.debug:
