@@ -33,14 +33,18 @@ from tests.lib import node_state
 # a long module started last would finish alone while the other worker idles.
 # Everything else keeps its file order.
 HEAVY_FIRST = (
+    "test_supervisor.py",
     "test_server_nodes.py",
     "test_checkpoint_nodes.py",
+    "test_checkpoint_local.py",
     "test_day2.py",
     "test_doctor.py",
     "test_fabric.py",
     "test_verify.py",
     "test_preflight_running.py",
     "test_preflight.py",
+    "test_harness_power.py",
+    "test_inventory_check.py",
     "test_harness.py",
 )
 SHARED_MARK = "shared_nodes"
