@@ -15,6 +15,7 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
 from .nodes import REPO, BenchError, StagedModule, close_masters, sh, timed, tree_bytes
+from .recovery import recovery
 from .report import Figure, mib_per_s, read_loadavg
 
 BENCH_DIR = "/opt/bench"  # scratch on the nodes, outside the deployed checkpoint
@@ -363,7 +364,8 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
     )]
 
 
-FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "site": site_noop}
+# "recovery" turns the supervisor on, so it runs last.
+FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "site": site_noop, "recovery": recovery}
 
 
 def run_figure(ctx: Context, key: str, runs: int) -> tuple[list[Figure], str | None]:

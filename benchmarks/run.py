@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     machine["load_before"] = read_loadavg()
     shard_bytes = max(int(args.shard_mib * MiB), 1)
-    groups = args.only or ["sync", "verify", "fetch", "site"]
+    groups = args.only or ["sync", "verify", "fetch", "site", "recovery"]
     defaults = role_defaults()
 
     hub_root = sim.CACHE_ROOT / "bench-hub" / f"{args.shards}x{shard_bytes}"

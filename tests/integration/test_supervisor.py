@@ -11,108 +11,46 @@ wait for the GPU to be free would fail to load.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shlex
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
+from tests.lib.supervised import (
+    ALERT,
+    REVISION,
+    STATE_DIR,
+    SUPERVISOR,
+    checkpoint_files,
+    generate,
+    ranks_active,
+    restarts,
+    signal_rank,
+    state,
+    wait_for,
+    wait_serving,
+)
 
 pytestmark = pytest.mark.slow
 
+SUPERVISOR = {**SUPERVISOR, "checkpoint_revision": REVISION}
 UNIT = "sglang.service"
-MODEL_DIR = "/opt/models/glm53"
-REVISION = "0123456789abcdef0123456789abcdef01234567"
-STATE = "/var/lib/sglang-supervisor"
-ALERT = f"{STATE}/alert.json"
-SUPERVISOR = {
-    "sglang_supervisor_enabled": True,
-    "sglang_supervisor_interval": 2,
-    "sglang_supervisor_failures": 2,
-    "sglang_supervisor_probe_timeout": 3,
-    "sglang_supervisor_max_restarts": 20,
-    "sglang_supervisor_window": 3600,
-    "sglang_supervisor_gpu_release_timeout": 60,
-    "sglang_supervisor_alert_command": f"cat > {ALERT}",
-    "sglang_server_readiness_timeout": 300,
-    "sglang_server_stop_timeout": 10,
-    "checkpoint_revision": REVISION,
-}
-# Long enough for a group restart and a node's boot on a loaded 2-core machine; a wait ends on the event.
-RECOVERY = 420
-
-
-def checkpoint_files() -> str:
-    """What checkpoint.yml leaves behind, in the smallest form the server role and the stand-in accept."""
-    files = {"processor_config.json": {"size": 2}, "config.json": {"size": 2}}
-    record = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": REVISION, "files": files}
-    stamp = {"mode": "deep", "repo_id": record["repo_id"], "revision": REVISION, "model_dir": MODEL_DIR,
-             "record_sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
-    return (f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/processor_config.json && echo '{{}}' > {MODEL_DIR}/config.json"
-            f" && echo {shlex.quote(json.dumps(record))} > {MODEL_DIR}.record.json"
-            f" && echo {shlex.quote(json.dumps(stamp))} > {MODEL_DIR}.verified")
+STATE = STATE_DIR
 
 
 def sh(node, command, timeout=120):
     return sim.ssh(node, command, timeout=timeout)
 
 
-def state(cluster) -> dict:
-    out = sim.ssh(cluster.nodes[0], f"cat {STATE}/state.json 2>/dev/null || echo '{{}}'", check=False, timeout=30)
-    try:
-        return json.loads(out or "{}")
-    except ValueError:
-        return {}
-
-
-def generate(cluster, timeout=10) -> bool:
-    """One real generation through the head's endpoint, as a client on the management network asks it."""
-    body = json.dumps({"model": "/models/glm53", "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "17 × 23 = ?"}]}).encode()
-    req = urllib.request.Request(f"http://{cluster.nodes[0].mgmt_ip}:30000/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the test head's address
-            return resp.status == 200 and bool(json.loads(resp.read())["choices"])
-    except (OSError, urllib.error.URLError, ValueError, KeyError):
-        return False
-
-
-def wait_for(predicate, what: str, timeout: float = RECOVERY, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def serving_again(cluster, since: float, record_property, name: str) -> float:
     """Wait until the group serves a generation again and the supervisor calls it healthy; record the time."""
-    wait_for(lambda: generate(cluster) and state(cluster).get("state") == "healthy", "the group to serve again")
+    wait_serving(cluster)
     seconds = round(time.monotonic() - since, 1)
     record_property(f"{name}_recovery_seconds", seconds)
     print(f"{name}: serving again after {seconds} s")
     return seconds
-
-
-def signal_rank(node, signal: str) -> None:
-    """Signal the rank itself, the process the driver lists on the GPU (not the docker client that started it)."""
-    sh(node, f"pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader); test -n \"$pids\" && kill -{signal} $pids")
-
-
-def ranks_active(cluster) -> list[str]:
-    return [sim.ssh(n, f"systemctl is-active {UNIT}", check=False, timeout=30).strip() for n in cluster.nodes]
-
-
-def restarts(cluster) -> int:
-    return len(state(cluster).get("restarts", []))
 
 
 @pytest.fixture(scope="module")

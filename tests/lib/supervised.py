@@ -1,0 +1,95 @@
+"""A TP group under its supervisor on simulated nodes: the faults and the waits that the supervisor
+tests and the recovery benchmark share (both wait on events, neither sleeps a guessed time)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+
+from tests.harness import cluster as sim
+
+UNIT = "sglang.service"
+MODEL_DIR = "/opt/models/glm53"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+STATE_DIR = "/var/lib/sglang-supervisor"
+ALERT = f"{STATE_DIR}/alert.json"
+# A fast watch for the stand-in's one-second loads; the alert command keeps what it is given.
+SUPERVISOR = {
+    "sglang_supervisor_enabled": True,
+    "sglang_supervisor_interval": 2,
+    "sglang_supervisor_failures": 2,
+    "sglang_supervisor_probe_timeout": 3,
+    "sglang_supervisor_max_restarts": 20,
+    "sglang_supervisor_window": 3600,
+    "sglang_supervisor_gpu_release_timeout": 60,
+    "sglang_supervisor_alert_command": f"cat > {ALERT}",
+    "sglang_server_readiness_timeout": 300,
+    "sglang_server_stop_timeout": 10,
+}
+# Long enough for a group restart and a node's boot on a loaded 2-core machine; waits end on the event.
+RECOVERY = 420
+
+
+def checkpoint_files(revision: str = REVISION) -> str:
+    """What checkpoint.yml leaves behind, in the smallest form the server role and the stand-in accept."""
+    files = {"processor_config.json": {"size": 2}, "config.json": {"size": 2}}
+    record = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": revision, "files": files}
+    stamp = {"mode": "deep", "repo_id": record["repo_id"], "revision": revision, "model_dir": MODEL_DIR,
+             "record_sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
+    return (f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/processor_config.json && echo '{{}}' > {MODEL_DIR}/config.json"
+            f" && echo {shlex.quote(json.dumps(record))} > {MODEL_DIR}.record.json"
+            f" && echo {shlex.quote(json.dumps(stamp))} > {MODEL_DIR}.verified")
+
+
+def state(cluster) -> dict:
+    """The supervisor's state.json on the head ({} while there is none or the head is off)."""
+    try:
+        out = sim.ssh(cluster.nodes[0], f"cat {STATE_DIR}/state.json 2>/dev/null || echo '{{}}'", check=False, timeout=30)
+        return json.loads(out or "{}")
+    except (ValueError, OSError, TimeoutError, RuntimeError):
+        return {}
+
+
+def generate(cluster, timeout: float = 10, model: str = "/models/glm53") -> bool:
+    """One real generation through the head's endpoint, as a client on the management network asks it."""
+    body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "17 × 23 = ?"}]}).encode()
+    req = urllib.request.Request(f"http://{cluster.nodes[0].mgmt_ip}:30000/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the simulated head's address
+            return resp.status == 200 and bool(json.loads(resp.read())["choices"])
+    except (OSError, urllib.error.URLError, ValueError, KeyError):
+        return False
+
+
+def wait_for(predicate, what: str, timeout: float = RECOVERY, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_serving(cluster, timeout: float = RECOVERY) -> None:
+    """Until the group answers a generation and the supervisor calls it healthy."""
+    wait_for(lambda: generate(cluster) and state(cluster).get("state") == "healthy", "the group to serve again", timeout)
+
+
+def signal_rank(node, signal: str) -> None:
+    """Signal the rank itself, the process the driver lists on the GPU (not the docker client that started it)."""
+    sim.ssh(node, f'pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader); test -n "$pids" && kill -{signal} $pids',
+            timeout=60)
+
+
+def ranks_active(cluster) -> list[str]:
+    return [sim.ssh(n, f"systemctl is-active {UNIT}", check=False, timeout=30).strip() for n in cluster.nodes]
+
+
+def restarts(cluster) -> int:
+    return len(state(cluster).get("restarts", []))
