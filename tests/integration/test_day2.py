@@ -7,9 +7,7 @@ deployment: status, doctor, verify, a restart under --limit, stop.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shlex
 import tarfile
 
 import pytest
@@ -17,28 +15,14 @@ import pytest
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
+# What checkpoint.yml leaves behind (files, record, deep stamp at a claimed pin), in its smallest form.
+from tests.lib.supervised import REVISION, UNIT, checkpoint_files
+
 pytestmark = pytest.mark.slow
 
 # The server role's readiness runs in rounds up to this many seconds; the
 # stand-in group is up in about two minutes.
 READINESS = 300
-UNIT = "sglang.service"
-MODEL_DIR = "/opt/models/glm53"
-# The pin this deployment claims; the stamp below vouches for it like checkpoint.yml's would.
-REVISION = "0123456789abcdef0123456789abcdef01234567"
-
-
-def checkpoint_files():
-    """What checkpoint.yml leaves behind, in the smallest form: files, its record, its deep stamp."""
-    files = {"processor_config.json": {"size": 2}, "config.json": {"size": 2}}
-    record = {"repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": REVISION, "files": files}
-    stamp = {"mode": "deep", "repo_id": record["repo_id"], "revision": REVISION, "model_dir": MODEL_DIR,
-             "record_sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
-    return (f"mkdir -p {MODEL_DIR} && echo '{{}}' > {MODEL_DIR}/processor_config.json && echo '{{}}' > {MODEL_DIR}/config.json"
-            f" && echo {shlex.quote(json.dumps(record))} > {MODEL_DIR}.record.json"
-            f" && echo {shlex.quote(json.dumps(stamp))} > {MODEL_DIR}.verified")
-
-
 def sh(node, command):
     return sim.ssh(node, command, timeout=120)
 
