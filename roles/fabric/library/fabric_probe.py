@@ -1,0 +1,179 @@
+#!/usr/bin/python
+"""Read a node's fabric state (interfaces, firewall, addresses, routes, RDMA, SSH keys) in one round trip."""
+
+# Ansible module layout: the documentation blocks come before the imports.
+# ruff: noqa: E402
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: fabric_probe
+short_description: Read a Spark node's fabric state in one round trip
+description:
+  - For the fabric role's internal use (its C(validate.yml)); options and return values may change with
+    the role.
+  - Reads, before the role changes anything, what its checks and proofs read: the node's network
+    interfaces, whether ufw is active and otherwise the nftables ruleset, every interface's addresses,
+    the kernel's route to each peer, the RDMA devices and the ports behind them, the SSH host keys
+    (on a worker) and the head's fabric public key and known_hosts (on the head).
+  - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
+    that is missing answers exit 127 (run through C(sh)), which is evidence, not an error.
+version_added: "1.1.0"
+author: spark-deploy maintainers
+options:
+  peers:
+    description: The peers' fabric addresses, whose routes are read.
+    type: list
+    elements: str
+    default: []
+  firewall:
+    description: Read ufw's status and, where ufw is not active, the nftables ruleset.
+    type: bool
+    default: false
+  host_key_types:
+    description: SSH host key types whose public keys are read from C(/etc/ssh) (a worker's).
+    type: list
+    elements: str
+    default: []
+  public_key_path:
+    description: A public key to read if it exists (the head's fabric key); empty reads none.
+    type: str
+    default: ""
+  known_hosts_path:
+    description: A known_hosts file to read if it exists (the head's); empty reads none.
+    type: str
+    default: ""
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; it runs the same in check mode.
+  diff_mode:
+    support: N/A
+    details: Never changes anything.
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+# Inside the fabric role (tasks/validate.yml).
+- name: Read the node's fabric state
+  fabric_probe:
+    peers: [192.168.100.11]
+    firewall: true
+    host_key_types: [ed25519, ecdsa, rsa]
+  register: __fabric_probe
+"""
+
+RETURN = r"""
+netdevs:
+  description: The names in C(/sys/class/net), sorted.
+  returned: always
+  type: list
+  elements: str
+ufw:
+  description: C(ufw status) (empty when O(firewall) is false).
+  returned: always
+  type: dict
+nft:
+  description: C(nft -j list ruleset), read only where O(firewall) is set and ufw is not active (else empty).
+  returned: always
+  type: dict
+addrs:
+  description: C(ip -j addr show) (every interface).
+  returned: always
+  type: dict
+routes:
+  description: C(ip -j route get <peer>) per peer, in O(peers) order, each with the peer as C(item) (as a loop's results).
+  returned: always
+  type: list
+  elements: dict
+hcas:
+  description: C(<device>/device/net/<port>) for every port of every RDMA device.
+  returned: always
+  type: list
+  elements: str
+host_keys:
+  description: The host public keys found, in O(host_key_types) order, each C({type, content}).
+  returned: always
+  type: list
+  elements: dict
+public_key:
+  description: The text of O(public_key_path), empty when it does not exist.
+  returned: always
+  type: str
+known_hosts:
+  description: The lines of O(known_hosts_path), empty when it does not exist.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import glob
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+NETDEVS = "/sys/class/net"
+UFW_ACTIVE = re.compile(r"^Status: active", re.MULTILINE)
+
+
+def _run(module, *argv):
+    """A tool through sh, so that one not installed answers 127 like the role's command tasks did."""
+    rc, out, err = module.run_command(["/bin/sh", "-c", 'exec "$0" "$@"', *argv])
+    return {"rc": rc, "stdout": out.rstrip("\r\n"), "stderr": err.rstrip("\r\n")}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "peers": {"type": "list", "elements": "str", "default": []},
+            "firewall": {"type": "bool", "default": False},
+            "host_key_types": {"type": "list", "elements": "str", "default": [], "no_log": False},
+            "public_key_path": {"type": "str", "default": "", "no_log": False},
+            "known_hosts_path": {"type": "str", "default": ""},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    ufw, nft = {}, {}
+    if p["firewall"]:
+        ufw = _run(module, "ufw", "status")
+        # ufw keeps its own rules; a plain nftables ruleset matters only where ufw is not in charge.
+        if not (ufw["rc"] == 0 and UFW_ACTIVE.search(ufw["stdout"])):
+            nft = _run(module, "nft", "-j", "list", "ruleset")
+    # <device>/device/net/<port>, as the shell glob of the role's facts task listed them.
+    hcas = [path[len("/sys/class/infiniband/"):] for path in sorted(glob.glob("/sys/class/infiniband/*/device/net/*"))
+            if os.path.exists(path)]
+    host_keys = []
+    for key_type in p["host_key_types"]:
+        text = _read(f"/etc/ssh/ssh_host_{key_type}_key.pub")
+        if text is not None:
+            host_keys.append({"type": key_type, "content": text})
+    known = _read(p["known_hosts_path"]) if p["known_hosts_path"] else None
+    module.exit_json(
+        changed=False,
+        netdevs=sorted(os.listdir(NETDEVS)),
+        ufw=ufw,
+        nft=nft,
+        addrs=_run(module, "ip", "-j", "addr", "show"),
+        routes=[{"item": peer, **_run(module, "ip", "-j", "route", "get", peer)} for peer in p["peers"]],
+        hcas=hcas,
+        host_keys=host_keys,
+        public_key=(_read(p["public_key_path"]) or "") if p["public_key_path"] else "",
+        known_hosts=[line.strip() for line in (known or "").splitlines() if line.strip()],
+    )
+
+
+if __name__ == "__main__":
+    main()
