@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
+import os
 import shlex
 import shutil
+import subprocess
+import sys
 import time
 import traceback
 from collections import Counter
@@ -101,8 +106,9 @@ def _rounds(ctx: Context, name: str, runs: int, steps: list, order_rotates: bool
 def defaults_config(ctx: Context) -> Path:
     """Ansible's defaults, plus only what a run needs to find the project and to trust host keys.
 
-    No pipelining, the default ssh_args (ControlPersist=60s), forks 5, implicit gathering (every
-    play here says gather_facts: false), the default connection timeout.
+    No pipelining, the default ssh_args (-C -o ControlMaster=auto -o ControlPersist=60s, so connections
+    are reused within the run), forks 5, implicit gathering (every play here says gather_facts: false),
+    interpreter discovery (auto), the default connection timeout.
     """
     path = ctx.workdir / "ansible-defaults.cfg"
     path.write_text(
@@ -115,6 +121,52 @@ def defaults_config(ctx: Context) -> Path:
         "retry_files_enabled = False\n"
     )
     return path
+
+
+# What ansible-runner puts in every run's environment (ansible_runner/config/_base.py), on both sides
+# alike; everything else comes from the config file. ANSIBLE_* variables of the shell that started
+# the benchmark are not passed on (see _no_inherited_ansible_env).
+RUNNER_ENV = {"ANSIBLE_STDOUT_CALLBACK": "awx_display", "ANSIBLE_RETRY_FILES_ENABLED": "False",
+              "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_CACHE_PLUGIN": "jsonfile"}
+# The settings that bear on a run's speed, as ansible-config names them.
+SPEED_SETTINGS = ("DEFAULT_FORKS", "DEFAULT_STRATEGY", "DEFAULT_GATHERING", "INTERPRETER_PYTHON", "CACHE_PLUGIN",
+                  "DEFAULT_TIMEOUT")
+SSH_SETTINGS = ("pipelining", "ssh_args", "ssh_common_args", "ssh_extra_args")
+
+
+@contextlib.contextmanager
+def _no_inherited_ansible_env():
+    """Run without the caller's ANSIBLE_* variables: ansible-runner copies os.environ into every run,
+    so an exported ANSIBLE_SSH_ARGS= (which turns connection reuse off) or ANSIBLE_PIPELINING would
+    silently change the baseline (or the project's side) away from what its config file says."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("ANSIBLE_")}
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def effective_settings(config: Path, control_dir: Path) -> dict:
+    """The speed settings a run with `config` gets, as ansible-config reports them in the run's environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(RUNNER_ENV, ANSIBLE_CONFIG=str(config), ANSIBLE_SSH_CONTROL_PATH_DIR=str(control_dir))
+    ansible_config = str(Path(sys.executable).parent / "ansible-config")
+    out = subprocess.run([ansible_config, "dump", "-t", "all", "--format", "json"], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    dump = json.loads(out)
+    found = {e["name"]: e["value"] for e in dump if isinstance(e, dict) and e.get("name") in SPEED_SETTINGS}
+    for entry in dump:
+        for ssh in (entry.get("CONNECTION_PLUGINS") or []) if isinstance(entry, dict) else []:
+            for option in ssh.get("ssh") or []:
+                if option.get("name") in SSH_SETTINGS:
+                    found[f"ssh {option['name']}"] = option.get("value")
+    return found
+
+
+def _settings_text(settings: dict) -> str:
+    return "; ".join(f"{k.removeprefix('DEFAULT_').lower()}={v!r}" for k, v in sorted(settings.items()))
 
 
 def _task_seconds(events: list[dict]) -> Counter:
@@ -140,8 +192,10 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
             cp.mkdir()
             t0 = time.monotonic()
             try:
-                r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=1800,
-                                 envvars={"ANSIBLE_CONFIG": str(configs[which]), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
+                with _no_inherited_ansible_env():
+                    r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=1800,
+                                     envvars={"ANSIBLE_CONFIG": str(configs[which]),
+                                              "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
             finally:
                 seconds = time.monotonic() - t0
                 close_masters(cp)
@@ -156,21 +210,33 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
             return seconds
         return step
 
+    # The exact settings each side ran with (speed-relevant ones), named in the figure.
+    settings = {which: effective_settings(cfg, ctx.control_dir / "site-settings") for which, cfg in configs.items()}
+    inherited = sorted(k for k in os.environ if k.startswith("ANSIBLE_"))
     s = _rounds(ctx, "site.yml no-change", runs, [("project", one("project")), ("defaults", one("defaults"))])
     node_changes = max((len(c["nodes"]) for c in changed["project"]), default=None)
     ctrl_changes = max((len(c["controller"]) for c in changed["project"]), default=None)
     dflt_node_changes = max((len(c["nodes"]) for c in changed["defaults"]), default=None)
     fig = Figure(
         key="site_noop", name="site.yml no-change re-run, 2 nodes (wall)", unit="s",
-        measured=s["project"], baseline_name="Ansible defaults", baseline=s["defaults"],
+        measured=s["project"], baseline_name="Ansible defaults (no pipelining, ControlPersist=60s, forks 5)",
+        baseline=s["defaults"],
         target_op="<=", target=0.5, target_text="<= 0.5x and 0 changed on nodes",
         notes=[f"changed tasks per run with the project's ansible.cfg: {node_changes} on nodes, {ctrl_changes} on the "
                f"controller (the verify role rewrites its timestamped report there); with defaults: "
                f"{dflt_node_changes} on nodes",
                "slowest tasks (project config, seconds summed over its runs): "
-               + ", ".join(f"{name} {sec:.1f}" for name, sec in slowest.most_common(5))],
+               + ", ".join(f"{name} {sec:.1f}" for name, sec in slowest.most_common(5)),
+               f"baseline settings (Ansible's defaults, as ansible-config reports them in the run): "
+               f"{_settings_text(settings['defaults'])}",
+               f"project settings (ansible.cfg): {_settings_text(settings['project'])}",
+               "both sides run through ansible-runner, which sets "
+               + ", ".join(f"{k}={v}" for k, v in RUNNER_ENV.items())
+               + "; the inventory adds only host-key options (ansible_ssh_common_args); the caller's ANSIBLE_* "
+               "variables are not passed on" + (f" (ignored here: {', '.join(sorted(inherited))})" if inherited else "")],
         extra={"changed": changed, "task_seconds_project": dict(slowest.most_common(40)),
-               "defaults_config": configs["defaults"].read_text()},
+               "defaults_config": configs["defaults"].read_text(), "settings": settings,
+               "runner_env": RUNNER_ENV, "inherited_ansible_env_ignored": sorted(inherited)},
     )
     fig.conditions["0 changed tasks on nodes"] = node_changes == 0
     return [fig]
