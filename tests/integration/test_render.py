@@ -140,8 +140,18 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
     assert re.search(r"^TimeoutStartSec=3600$", unit, re.M)
     assert re.search(r"^After=network-online.target docker.service$", unit, re.M)
     assert re.search(r"^Wants=network-online.target docker.service$", unit, re.M)
-    assert re.search(r"^Restart=on-failure$", unit, re.M)
+    # Supervised (the default): the group supervisor restarts the whole group, never one rank alone.
+    assert re.search(r"^Restart=no$", unit, re.M) and "RestartSec=" not in unit
     assert re.search(r"^WantedBy=multi-user.target$", unit, re.M)
+
+
+def test_without_the_supervisor_each_rank_restarts_itself(tmp_path):
+    out = tmp_path / "rendered"
+    result = render(out, {"sglang_supervisor_enabled": False})
+    assert result.rc == 0, result.stdout[-3000:]
+    unit = (out / "spark-1" / "sglang.service").read_text()
+    assert re.search(r"^Restart=on-failure$", unit, re.M) and re.search(r"^RestartSec=30$", unit, re.M)
+    assert re.search(r"^StartLimitBurst=3$", unit, re.M)
 
 
 @pytest.mark.parametrize("host", sorted(NODES))
