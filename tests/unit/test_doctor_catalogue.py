@@ -12,7 +12,6 @@ through the rank's unit on simulated nodes).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,21 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.roles import flag_model
+from tests.lib.roles import filter_plugin, flag_model
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "sglang_doctor"
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-doctor = _load("sglang_doctor_filter", ROLE / "filter_plugins" / "sglang_doctor.py")
+doctor = filter_plugin("sglang_doctor")
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 
 # name -> (log lines, the unit's exit status, whether the unit is still active)

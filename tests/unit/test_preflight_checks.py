@@ -10,24 +10,16 @@ the same table through the playbook on simulated nodes.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.lib.roles import filter_plugin
+
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "preflight"
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Loader(yaml.SafeLoader):
@@ -36,7 +28,7 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
 
-preflight = _load("preflight_filter", ROLE / "filter_plugins" / "preflight.py")
+preflight = filter_plugin("preflight")
 CHECKS = yaml.load((ROLE / "vars" / "main.yml").read_text(), Loader=_Loader)["__preflight_checks"]  # noqa: S506 - SafeLoader
 
 UNIT = "sglang.service"
