@@ -19,10 +19,10 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import (
     SUPERVISOR,
+    inject_hang,
     restarts,
     signal_rank,
     state,
-    wait_for,
     wait_serving,
 )
 
@@ -51,19 +51,10 @@ def recovery(ctx, runs: int) -> list:
         raise BenchError(f"server.yml with the supervisor failed: {r.failure_messages()[-1500:]}")
     wait_serving(cluster)
 
-    def hang():
-        sim.set_knobs(cluster.instance, "spark-0", {"sglang": {"hang": True}})
-        before = restarts(cluster)
-        try:
-            wait_for(lambda: restarts(cluster) > before or state(cluster).get("state") == "restarting", "the supervisor",
-                     every=0.3)
-        finally:
-            sim.set_knobs(cluster.instance, "spark-0", {"sglang": {"hang": False}})
-
     faults = [
         ("worker rank SIGKILL", interval, lambda: signal_rank(ctx.worker, "KILL")),
         ("head rank SIGKILL", interval, lambda: signal_rank(ctx.head, "KILL")),
-        ("hang (health green)", hang_detect, hang),
+        ("hang (health green)", hang_detect, lambda: inject_hang(cluster)),
         ("frozen worker rank (SIGSTOP)", hang_detect, lambda: signal_rank(ctx.worker, "STOP")),
         ("power cycle of the worker", interval, lambda: sim.power_cycle(cluster.instance, ["spark-1"])),
         ("power cycle of the head", interval, lambda: sim.power_cycle(cluster.instance, ["spark-0"])),

@@ -25,6 +25,7 @@ from tests.lib.supervised import (
     SUPERVISOR,
     checkpoint_files,
     generate,
+    inject_hang,
     ranks_active,
     restarts,
     signal_rank,
@@ -102,15 +103,13 @@ def test_sigkill_of_the_head_rank(site, record_property):
 
 def test_a_hang_is_noticed_although_health_stays_green(site, record_property):
     before = restarts(site)
-    sim.set_knobs(site.instance, "spark-0", {"sglang": {"hang": True}})
     t0 = time.monotonic()
-    try:
+
+    def health_stays_green():
         # /health still answers while generation hangs: only the generation probe can tell.
         assert sh(site.nodes[0], "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30000/health").strip() == "200"
-        wait_for(lambda: restarts(site) > before or state(site).get("state") == "restarting", "the supervisor to act", 120,
-                 every=0.3)
-    finally:
-        sim.set_knobs(site.instance, "spark-0", {"sglang": {"hang": False}})
+
+    inject_hang(site, while_hanging=health_stays_green)
     serving_again(site, t0, record_property, "hang")
     assert restarts(site) == before + 1
     assert "generation" in " ".join(e.get("reason", "") for e in state(site)["history"][-6:])

@@ -93,3 +93,18 @@ def ranks_active(cluster) -> list[str]:
 
 def restarts(cluster) -> int:
     return len(state(cluster).get("restarts", []))
+
+
+def inject_hang(cluster, timeout: float = 120, while_hanging=None) -> None:
+    """Make the head's generation hang (health and model list still answer) until the supervisor acts,
+    then let the next start serve again: the knob is read at each request. `while_hanging` runs once
+    the hang is set, before the supervisor can act on it."""
+    before = restarts(cluster)
+    sim.set_knobs(cluster.instance, cluster.nodes[0].name, {"sglang": {"hang": True}})
+    try:
+        if while_hanging:
+            while_hanging()
+        wait_for(lambda: restarts(cluster) > before or state(cluster).get("state") == "restarting",
+                 "the supervisor to act on the hang", timeout, every=0.3)
+    finally:
+        sim.set_knobs(cluster.instance, cluster.nodes[0].name, {"sglang": {"hang": False}})
