@@ -204,8 +204,7 @@ def test_the_tp_group_is_stopped_and_started_in_one_place():
             if isinstance(module, dict) and module.get("state") in ("started", "stopped", "restarted"):
                 if str(module.get("name")) in ("{{ spark_unit_name }}", "{{ sglang_server_unit_name }}"):
                     offenders.append(f"{path.relative_to(REPO)}: {task.get('name')}")
-    allowed = {"roles/sglang_server/tasks/stop.yml", "roles/sglang_server/tasks/start.yml",
-               "roles/sglang_server/tasks/readiness_failed.yml"}
+    allowed = {"roles/sglang_server/tasks/stop.yml", "roles/sglang_server/tasks/start.yml"}
     assert {o.split(":")[0] for o in offenders} <= allowed, offenders
 
 
