@@ -30,7 +30,8 @@ is there, in the order the real server meets it:
    stand-in's --memory): over the limit the kernel kills the rank (SIGKILL, so
    docker run exits 137 and the container is OOMKilled).
 7. The hybrid state cache error when max-running-requests x context-length
-   exceeds the state budget.
+   exceeds the state budget, with the pool's own figures (slots at this
+   context, slots per request, requests they back).
 8. The TileLang DSA kernels' shared memory at cuda graph capture: the default
    tile asks for 169984 bytes, a GB10 (sm_121) allows 101376. A speculative-
    decoding drafter (--speculative-algorithm) captures its verify shapes too.
@@ -90,8 +91,10 @@ DEFAULTS = {
 }
 HYBRID_ERROR = (
     "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-    "max_mamba_cache_size=1, mamba_ratio=5, resulting max_num_reqs=0."
+    "max_mamba_cache_size={size}, mamba_ratio={ratio}, resulting max_num_reqs={reqs}."
 )
+# State slots a running request needs in the hybrid state pool (the radix cache with the overlap scheduler).
+MAMBA_RATIO = 5
 REASONING = "17 × 23 = 17 × 20 + 17 × 3 = 340 + 51 = 391"
 ANSWER = "391"
 # Dynamic shared memory per block the DSA TileLang kernels ask for, per tile.
@@ -977,13 +980,23 @@ def resident_gib(args, k):
     return (args.mem_fraction_static or 0.84) * GPU_TOTAL_GIB + RUNTIME_GIB
 
 
-def check_state_cache(args, rank, k):
-    budget = int(k["state_budget"])
-    reqs = args.max_running_requests or 48
+def state_slots(args, k):
+    """(max_mamba_cache_size, max_num_reqs): the slots the pool has at this context-length, the requests they back.
+
+    The pool holds `state_budget` request-tokens of recurrent state; a request's state grows with its
+    context, so a slot sized for context-length C is C / mamba_ratio of them.
+    """
     context = args.context_length or 1048576
-    if reqs * context > budget:
-        log(f"Hybrid state cache: {reqs} requests x {context} tokens > {budget} request-tokens", rank)
-        fail(HYBRID_ERROR, rank)
+    size = MAMBA_RATIO * int(k["state_budget"]) // context
+    return size, size // MAMBA_RATIO
+
+
+def check_state_cache(args, rank, k):
+    """This image refuses to start when the pool backs fewer requests than max-running-requests asks."""
+    reqs = args.max_running_requests or 48
+    size, fits = state_slots(args, k)
+    if fits < reqs:
+        fail(HYBRID_ERROR.format(size=size, ratio=MAMBA_RATIO, reqs=fits), rank)
 
 
 # --- cuda graphs and the TileLang DSA kernels ------------------------------------------
@@ -1340,8 +1353,9 @@ def main(argv):
     check_state_cache(args, rank, k)
     charge(need, rank)
     reqs = args.max_running_requests or 48
-    log(f"Hybrid radix cache initialized: MambaRadixCache with MAMBA component, max_mamba_cache_size={reqs * 5}, "
-        f"mamba_ratio=5, max_num_reqs={reqs}, full KV cache tokens={args.context_length}", rank)
+    size, _ = state_slots(args, k)
+    log(f"Hybrid radix cache initialized: MambaRadixCache with MAMBA component, max_mamba_cache_size={size}, "
+        f"mamba_ratio={MAMBA_RATIO}, max_num_reqs={reqs}, full KV cache tokens={args.context_length}", rank)
     log(f"Memory pool end. avail mem={max(0.0, GPU_TOTAL_GIB - need):.2f} GB", rank)
     collective(peers, rank, timeout, 2)
     capture(args, rank, k)
