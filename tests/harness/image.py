@@ -27,6 +27,8 @@ PACKAGES = [
     "python3", "python3-apt", "python3-venv", "python3-pip",
     "netplan.io", "iproute2", "iputils-ping", "iperf3", "nftables", "rsync", "curl",
     "ca-certificates", "procps", "sudo", "less", "jq", "ethtool", "kmod",
+    # The TLS proxy the server role installs with apt (sglang_server_tls): nodes have no mirror.
+    "nginx",
 ]
 
 # Clears the read-write /sys condition so udevd starts in the container;
@@ -42,7 +44,7 @@ SSHD_DROPIN = "UseDNS no\n"
 # Nodes have no internet, so the harness serves them from a local wheelhouse.
 WHEELHOUSE_REQUIREMENTS = ["huggingface-hub==2.4.0"]
 
-IMAGE_FORMAT = 3  # bump when the customisation below changes meaningfully
+IMAGE_FORMAT = 4  # bump when the customisation below changes meaningfully
 
 
 def image_key() -> str:
@@ -78,6 +80,9 @@ def _customise(rootfs: Path) -> None:
     run(["chroot", str(rootfs), "systemctl", "enable", "systemd-networkd.service"], quiet=True)
     # Debian's ssh host key generation would race the per-node keys.
     run(["chroot", str(rootfs), "systemctl", "mask", "ssh-keygen.service"], check=False, quiet=True)
+    # Installed only so the server role's apt task finds it: like a node without the package, nothing
+    # listens until the role starts nginx (sglang_server_tls).
+    run(["chroot", str(rootfs), "systemctl", "disable", "nginx.service"], check=False, quiet=True)
     (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     # apt caches are dead weight in every overlay.
     shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
@@ -117,8 +122,14 @@ def ensure_image(cache_root: Path) -> Path:
 
 
 def _prune(images: Path, keep: str) -> None:
+    # An image a running node's overlay still reads from stays: deleting its files under a mounted
+    # overlay breaks that node (another session's cluster, booted from an older image).
+    try:
+        mounted = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        mounted = ""
     for old in images.iterdir():
-        if old.is_dir() and old.name != keep and not (old / "in-use").exists():
+        if old.is_dir() and old.name != keep and not (old / "in-use").exists() and f"lowerdir={old}/" not in mounted:
             shutil.rmtree(old, ignore_errors=True)
 
 
