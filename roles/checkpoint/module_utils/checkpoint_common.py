@@ -1,9 +1,10 @@
 """What the checkpoint role's modules share, written once.
 
-Formatting of bytes, durations and transfer progress; atomic writes; reading
-JSON files (the record, the stamp, progress files); the record's paths beside
-a model directory; and the verified-stamp: what it holds, its record digest
-and when it vouches for a checkpoint. checkpoint_verify writes the stamp and
+Formatting of bytes, durations and transfer progress (honest after a resume);
+atomic writes; reading JSON files (the record, the stamp, progress files); the
+record's paths beside a model directory; what counts as code; the one-transfer
+lock; what a verification remembers of each file; and the verified-stamp: what
+it holds, its record digest and when it vouches for a checkpoint. checkpoint_verify writes the stamp and
 checkpoint_stamp reads it for other roles, both through this file, so the
 stamp's meaning has one owner.
 
@@ -16,11 +17,13 @@ unit tests load the file directly.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import posixpath
 import re
+import stat
 import time
 from collections import deque
 
@@ -64,10 +67,61 @@ class Rate:
 
 
 def progress_line(done: int, total: int, rate: float, eta: float | None, detail: str) -> str:
-    """One line a play prints, e.g. '12.0 GiB / 181.0 GiB (6.6%), 9/131 files, 110.2 MiB/s, ETA 0:26:13'."""
+    """One line a play prints, e.g. '12.0 GiB / 181.0 GiB (6.6%), 9/131 files, 110.2 MiB/s, ETA 0:26:13'.
+
+    Whatever the caller measured, the line never shows more than the total, more than 100 %, a
+    negative rate or a negative ETA.
+    """
+    done = min(max(done, 0), total) if total else max(done, 0)
+    rate = max(rate, 0.0)
+    eta = None if eta is None else max(eta, 0.0)
     pct = 100.0 * done / total if total else 100.0
     return (f"{human_bytes(done)} / {human_bytes(total)} ({pct:.1f}%){detail}, "
             f"{human_bytes(rate)}/s, ETA {human_duration(eta)}")
+
+
+class TransferMeter:
+    """Progress of one transfer run, honest after a resume.
+
+    The rate counts only the bytes this run moved (``add``), never bytes an earlier run left on
+    disk, over a window of recent samples (so a stall shows within seconds); the ETA divides what
+    is still missing by that rate. ``figures(done)`` takes the bytes on disk of the planned files
+    (complete and partial) and clamps them to the total, so no figure exceeds 100 % or goes
+    negative, whatever the disk shows (a partial file longer than its file, say). ``clock`` is
+    injectable for tests.
+    """
+
+    def __init__(self, total: int, window: int = 30, clock=time.monotonic):
+        self.total = max(int(total), 0)
+        self.clock = clock
+        self.started = clock()
+        self.moved = 0
+        self.samples: deque = deque(maxlen=window)
+        self.samples.append((self.started, 0))
+
+    def add(self, nbytes: int) -> None:
+        """Bytes that arrived in this run (called from any thread: an int add under the GIL)."""
+        self.moved += nbytes
+
+    def figures(self, done: int, final: bool = False) -> dict:
+        """done (clamped), moved, rate, eta, percent and elapsed; ``final``: the whole run's average rate."""
+        now = self.clock()
+        moved = self.moved
+        done = min(max(int(done), 0), self.total)
+        elapsed = max(now - self.started, 0.0)
+        self.samples.append((now, moved))
+        t0, m0 = self.samples[0]
+        if final:
+            rate = moved / elapsed if elapsed > 0 else 0.0
+        elif now - t0 > 0.5:
+            rate = (moved - m0) / (now - t0)
+        else:
+            rate = 0.0
+        rate = max(rate, 0.0)
+        left = self.total - done
+        eta = 0.0 if left <= 0 else (left / rate if rate > 0 else None)
+        pct = 100.0 * done / self.total if self.total else 100.0
+        return {"done": done, "moved": moved, "rate": rate, "eta": eta, "percent": pct, "elapsed": elapsed}
 
 
 # ---- files ---------------------------------------------------------------------------------------
@@ -141,6 +195,19 @@ def safe_relpath(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
+def partial_bytes(directory: str) -> int:
+    """Bytes in every partial file (``*.part``) under ``directory``: what a resumed fetch continues from."""
+    total = 0
+    for root, _dirs, names in os.walk(directory):
+        for n in names:
+            if n.endswith(".part"):
+                try:
+                    total += os.lstat(os.path.join(root, n)).st_size
+                except OSError:
+                    pass
+    return total
+
+
 def checkpoint_paths(model_dir: str) -> dict:
     """The record, verified-stamp and partial directories beside ``model_dir``, named after it.
 
@@ -158,6 +225,171 @@ def checkpoint_paths(model_dir: str) -> dict:
     }
 
 
+# Files the server would execute under --trust-remote-code (or a loader would import), by name.
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyx", ".sh", ".bash", ".so", ".dylib", ".dll", ".exe", ".pl", ".rb",
+                 ".js", ".mjs", ".ipynb", ".pth", ".whl", ".egg")
+
+
+def is_code_name(name: str) -> bool:
+    """A repository path whose name says it is code (the hub knows no execute bits)."""
+    return name.lower().endswith(CODE_SUFFIXES)
+
+
+def is_code_like(path: str, st: os.stat_result) -> bool:
+    """A local entry that could run: code by name, any symlink, anything executable or not a plain file."""
+    return (
+        is_code_name(path)
+        or stat.S_ISLNK(st.st_mode)
+        or (stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111))
+        or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
+    )
+
+
+def trusted_code_yaml(pins: dict) -> str:
+    """The inventory lines that pin code files by name and sha256, ready to paste."""
+    lines = ["checkpoint_trusted_code_files:"]
+    lines += [f"  {json.dumps(name)}: {digest}" for name, digest in sorted(pins.items())]
+    return "\n".join(lines)
+
+
+# ---- what a verification remembers of each file ---------------------------------------------------
+
+def file_state(st: os.stat_result) -> dict:
+    """What changes whenever a file's bytes may have: size, mtime, inode and ctime.
+
+    ctime matters: a tool can put an mtime back (touch -r, rsync -t) after writing in place, but
+    only the kernel sets ctime, on every write, rename, chmod and link.
+    """
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def record_hash(entry: dict) -> tuple[str, str] | None:
+    """(algorithm, hex digest) the record holds for a file: sha256 for LFS files, git blob sha1 otherwise."""
+    if isinstance(entry, dict):
+        for algo in ("sha256", "git_sha1"):
+            if isinstance(entry.get(algo), str) and entry[algo]:
+                return algo, entry[algo]
+    return None
+
+
+# Large reads: one system call and one hash update (during which hashlib drops the GIL) per 16 MiB.
+HASH_BLOCK = 16 * 1024 * 1024
+
+
+def file_digests(path: str, size: int, algos) -> dict[str, str]:
+    """{algorithm: hex digest} of a file, for any of "sha256" and "git_sha1" (git's blob id), in one read.
+
+    hashlib releases the GIL while it hashes a large buffer, and so does the read, so threads that
+    call this hash on every core without forking the module process.
+    """
+    hashers = {}
+    for algo in algos:
+        if algo == "git_sha1":
+            hashers[algo] = hashlib.new("sha1", f"blob {size}\0".encode(), usedforsecurity=False)
+        else:
+            hashers[algo] = hashlib.new(algo)
+    buf = bytearray(HASH_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        try:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        while n := f.readinto(buf):
+            chunk = view[:n]
+            for h in hashers.values():
+                h.update(chunk)
+    return {algo: h.hexdigest() for algo, h in hashers.items()}
+
+
+def verified_entry(st: os.stat_result, entry: dict) -> dict:
+    """A file's state when it hashed to the record's digest ``entry``, as the stamp and cache keep it."""
+    algo, digest = record_hash(entry)
+    return {**file_state(st), algo: digest}
+
+
+def still_verified(known, st: os.stat_result, entry: dict) -> bool:
+    """Whether ``known`` (a stamp's or the cache's entry) vouches for the file as it is now.
+
+    Only when the file has exactly the state it had when it was hashed AND that hash is the one
+    the record wants now (a file unchanged between two revisions stays verified).
+    """
+    want = record_hash(entry)
+    if not isinstance(known, dict) or want is None or known.get(want[0]) != want[1]:
+        return False
+    return all(known.get(k) == v for k, v in file_state(st).items())
+
+
+# ---- one transfer at a time -----------------------------------------------------------------------
+
+def read_lock_info(path: str) -> dict | None:
+    """What the last holder of a transfer lock wrote into it (pid, revision, state ...), if readable."""
+    data = load_json(path)
+    return data if isinstance(data, dict) else None
+
+
+def lock_state(path: str) -> tuple[bool, dict | None]:
+    """(held, info) of a transfer lock file (fcntl.flock), without waiting.
+
+    Held while the process that took it lives: the kernel drops an flock however its holder ends,
+    kill -9 and the OOM killer included, so a lock file whose info still says "running" while
+    nobody holds it is the mark of a killed transfer. Peeks with a shared lock held for an instant.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False, None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = True
+        else:
+            held = False
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    return held, read_lock_info(path)
+
+
+class TransferLock:
+    """An exclusive fcntl.flock on a file, with what the holder is doing written into it.
+
+    The info is rewritten in place (never renamed: the lock is on the inode), so a reader may catch
+    it half written and must retry.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def write(self, info: dict) -> None:
+        data = (json.dumps(info) + "\n").encode()
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, data)
+
+    def release(self, info: dict | None = None) -> None:
+        if self.fd is None:
+            return
+        try:
+            if info is not None:
+                self.write(info)
+        finally:
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
+
+
 # ---- the verified-stamp --------------------------------------------------------------------------
 
 def record_digest(files: dict) -> str:
@@ -169,11 +401,17 @@ def record_digest(files: dict) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
-def new_stamp(record: dict, model_dir: str) -> dict:
-    """The stamp written after a passing deep verification of ``model_dir`` against ``record``."""
-    return {"repo_id": record.get("repo_id"), "revision": record["revision"],
-            "record_sha256": record_digest(record["files"]), "model_dir": model_dir, "mode": "deep",
-            "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+def new_stamp(record: dict, model_dir: str, files: dict | None = None) -> dict:
+    """The stamp written after a passing deep verification of ``model_dir`` against ``record``.
+
+    ``files`` (name -> verified_entry) lets the next fast verification notice any file changed since.
+    """
+    stamp = {"repo_id": record.get("repo_id"), "revision": record["revision"],
+             "record_sha256": record_digest(record["files"]), "model_dir": model_dir, "mode": "deep",
+             "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if files is not None:
+        stamp["files"] = files
+    return stamp
 
 
 def stamp_matches(stamp, record: dict) -> bool:
