@@ -136,7 +136,8 @@ def test_check_mode_on_a_converged_site_reports_no_change(site, hub):
     assert real_changes(r) == []
 
 
-def test_corrupted_worker_shard_found_by_deep_verify_and_resynced_alone(site, hub):
+def test_corrupted_worker_shard_found_by_the_fast_check_and_resynced_alone(site, hub):
+    # Changed in place with its mtime put back: the stamp's memory of its ctime gives it away.
     path = site["worker"] / SHARD
     st = path.stat()
     data = bytearray(path.read_bytes())
@@ -147,8 +148,11 @@ def test_corrupted_worker_shard_found_by_deep_verify_and_resynced_alone(site, hu
     r = play(site, checkpoint_deep_verify=True)
     assert r.rc == 0, r.failure_messages()
     assert hub.served() == {}, "the head's copy is good: nothing comes from the hub"
+    fast = r.results("Check the checkpoint quickly against the record")
+    assert fast["spark-1"]["refetch"] == [SHARD] and fast["spark-1"]["changed_since_verified"] == [SHARD]
     deep = r.results("Hash every file against the record")
-    assert deep["spark-1"]["refetch"] == [SHARD] and deep["spark-0"]["ok"]
+    assert deep["spark-1"]["ok"] and deep["spark-0"]["ok"]
+    assert deep["spark-0"]["hashed_bytes"] == deep["spark-0"]["total_bytes"], "checkpoint_deep_verify hashes all"
     sync = [d["res"] for d in r.changed if d["task"] == "Collect the sync result"]
     assert [s["sent"] for s in sync] == [[SHARD]]
     assert path.read_bytes() == (site["head"] / SHARD).read_bytes()

@@ -15,15 +15,22 @@ description:
     stamp vouches.
   - Compares O(model_dir) with the record written by M(checkpoint_fetch) (file names, sizes, sha256 of
     LFS files, git blob sha1 of the others). Needs no network and no third-party Python package.
-  - Fast mode (seconds) checks the exact file set (nothing missing, nothing extra), every size, the
-    content of every file that is not a weight shard (so a stale C(model-input-scales.safetensors),
-    replaced upstream on 2026-08-30, is caught), the shard count, that
-    C(model.safetensors.index.json) references exactly the shards present, that C(config.json)
-    declares O(model_type) with a C(quantization_config), and that C(processor_config.json) exists.
-  - Deep mode also hashes every shard, on all cores.
-  - Refuses (fails) when the directory holds a code-like file (C(*.py), C(*.sh), C(*.so), any file
-    with an execute bit, any symlink) that the record does not list, because the server runs with
-    C(--trust-remote-code) and would execute it.
+  - First the file set, before any byte is hashed, failing at once (whatever O(fail_on_problems)
+    says, since hashing cannot fix them) on files the record does not list (never deleted), on
+    code-like files (C(*.py), C(*.sh), C(*.so), any file with an execute bit, any symlink) the record
+    does not list, and on code files the record lists but O(trusted_code_files) does not pin by
+    name and sha256, since the server runs with C(--trust-remote-code) and would execute them. The
+    refusal prints the YAML to paste after review when the file's content is known.
+  - Fast mode (seconds) checks every size, the content of every file that is not a weight shard
+    (so a stale C(model-input-scales.safetensors), replaced upstream on 2026-08-30, is caught), the
+    shard count, that C(model.safetensors.index.json) references exactly the shards present, that
+    C(config.json) declares O(model_type) with a C(quantization_config), and that
+    C(processor_config.json) exists. With a stamp of this record it also compares every file's
+    size, mtime, inode and ctime with the stamp's memory of them and hashes exactly the files that
+    changed since they were verified, so an in-place change of a shard is caught without hashing
+    the others.
+  - Deep mode hashes every file that no stamp or O(cache_path) remembers verifying in its present
+    state (every file with O(rehash)), on one thread per core, largest files first.
   - Returns the files to fetch again (missing, wrong size, wrong content) so only those move.
   - With O(stamp_path), writes a verified-stamp after a successful deep verification and removes it
     whenever verification fails, so a consumer (the server role) can refuse an unverified checkpoint.
@@ -65,8 +72,27 @@ options:
     elements: str
     default: [.cache/huggingface/]
   stamp_path:
-    description: Verified-stamp file to write after a passing deep check and to remove after any failing check.
+    description:
+      - Verified-stamp file to write after a passing deep check (with each file's state and digest)
+        and to remove after any failing check. A fast check rewrites a stamp of this record whose
+        memory of a file it had to renew.
     type: path
+  cache_path:
+    description:
+      - File that remembers every file verified so far (state and digest), kept across failed
+        passes, so a pass after a transfer hashes only what changed. Same format as the stamp's
+        C(files).
+    type: path
+  rehash:
+    description: Hash every file in deep mode even when a stamp or the cache vouches for it.
+    type: bool
+    default: false
+  trusted_code_files:
+    description:
+      - Code files (C(*.py), C(*.so), ...) of the record that may be present, by repository path,
+        each with the sha256 of its reviewed content. Any other code file of the record is refused.
+    type: dict
+    default: {}
   workers:
     description: Hashing threads in deep mode; 0 means one per core.
     type: int
@@ -100,12 +126,15 @@ EXAMPLES = r"""
     fail_on_problems: false
   register: verify
 
-- name: Hash everything and stamp the directory as verified
+- name: Hash what changed since the last verification and stamp the directory as verified
   checkpoint_verify:
     model_dir: /opt/models/glm53
     record_path: /opt/models/glm53.record.json
     mode: deep
     stamp_path: /opt/models/glm53.verified
+    cache_path: /opt/models/.glm53.partial/verified-files.json
+    trusted_code_files:
+      modeling_glm5_next.py: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 """
 
 RETURN = r"""
@@ -143,7 +172,26 @@ extra:
   type: list
   elements: str
 refused:
-  description: Code-like files present but not in the record.
+  description:
+    - Code-like files present but not in the record, and code files of the record not pinned (or pinned to other
+      content).
+  returned: always
+  type: list
+  elements: str
+code_files:
+  description: Code files the record lists, each with C(name), C(pinned) and, when its content was read, C(sha256).
+  returned: always
+  type: list
+  elements: dict
+hashed:
+  description:
+    - Files this run hashed; the others were vouched for by a stamp or the cache, or are weight shards that a fast
+      check without a stamp does not read.
+  returned: always
+  type: list
+  elements: str
+changed_since_verified:
+  description: Files a stamp or the cache remembered verifying, changed since (size, mtime, inode or ctime), so hashed again.
   returned: always
   type: list
   elements: str
@@ -165,7 +213,7 @@ free_bytes:
   returned: always
   type: int
 hashed_bytes:
-  description: Bytes read and hashed by this run.
+  description: Bytes read and hashed by this run (0 when the file set was refused).
   returned: always
   type: int
 revision:
@@ -195,7 +243,7 @@ stamp:
   type: dict
 """
 
-import hashlib
+import calendar
 import json
 import os
 import re
@@ -206,48 +254,23 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.checkpoint_common import (
     atomic_write,
+    file_digests,
     free_bytes,
+    is_code_like,
+    is_code_name,
     load_json,
     new_stamp,
     read_json,
+    record_hash,
     stamp_matches,
+    still_verified,
+    trusted_code_yaml,
+    verified_entry,
 )
 
 SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
-CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyx", ".sh", ".bash", ".so", ".dylib", ".dll", ".exe", ".pl", ".rb",
-                 ".js", ".mjs", ".ipynb", ".pth", ".whl", ".egg")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 SCALES = "model-input-scales.safetensors"
-BLOCK = 8 * 1024 * 1024
-
-
-def hash_file(path: str, entry: dict) -> tuple[str, str]:
-    """Return (algorithm, hex digest) of the hash the record holds for this file.
-
-    hashlib releases the GIL on large buffers, so threads hash on every core without forking
-    the module process.
-    """
-    if entry.get("sha256"):
-        h, algo = hashlib.sha256(), "sha256"
-    else:
-        h = hashlib.sha1(f"blob {entry['size']}\0".encode(), usedforsecurity=False)
-        algo = "git_sha1"
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return algo, h.hexdigest()
-
-
-def is_code_like(path: str, st: os.stat_result) -> bool:
-    return (
-        path.lower().endswith(CODE_SUFFIXES)
-        or stat.S_ISLNK(st.st_mode)
-        or (stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111))
-        or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
-    )
-
-
 def scan(model_dir: str, ignore: list[str]) -> dict[str, os.stat_result]:
     """Every non-directory entry under model_dir, by '/'-joined relative path (symlinks not followed)."""
     found: dict[str, os.stat_result] = {}
@@ -320,6 +343,62 @@ def structure_checks(model_dir: str, files: dict, *, shard_count: int, model_typ
     return problems, local
 
 
+def stamp_time_ns(stamp: dict) -> int | None:
+    """The stamp's verified_at (whole seconds, UTC) in ns, or None."""
+    try:
+        return calendar.timegm(time.strptime(stamp["verified_at"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def memory_of(stamp, cache, record: dict) -> tuple[list[dict], int | None]:
+    """The remembered verifications to consult (cache, then stamp), and the time before which an
+    older stamp without per-file memory vouches for unchanged files (None: it does not).
+
+    A stamp written before stamps remembered each file vouches, for its own record, for every file
+    whose ctime is older than its verified_at: the kernel sets ctime on any change, so such a file
+    has not changed since the verification ended. Its memory is then written the first time.
+    """
+    sources = []
+    if isinstance(cache, dict) and isinstance(cache.get("files"), dict):
+        sources.append(cache["files"])
+    legacy_before = None
+    if isinstance(stamp, dict):
+        if isinstance(stamp.get("files"), dict):
+            sources.append(stamp["files"])
+        elif stamp_matches(stamp, record) and stamp.get("mode") == "deep":
+            legacy_before = stamp_time_ns(stamp)
+    return sources, legacy_before
+
+
+def refusal_message(model_dir: str, revision: str, *, extra, refused_local, unpinned, mispinned,
+                    code_info: dict) -> str:
+    parts = []
+    if refused_local:
+        parts.append(f"code-like files not in the pinned record {refused_local[:10]} would be executed by the "
+                     "server (--trust-remote-code). Fix: inspect and remove them; the role never deletes files")
+    if unpinned or mispinned:
+        names = sorted(set(unpinned) | set(mispinned))
+        text = (f"the pinned revision {revision} lists code files the server would run (--trust-remote-code) that "
+                f"checkpoint_trusted_code_files does not pin to their content: {names}")
+        for name in mispinned:
+            text += (f"; {name} has sha256 {code_info[name]['sha256']}, checkpoint_trusted_code_files pins "
+                     f"{code_info[name]['pinned_sha256']}: not the code that was reviewed")
+        known = {n: code_info[n]["sha256"] for n in names if code_info.get(n, {}).get("sha256")}
+        if known and len(known) == len(names):
+            text += (". Fix: review them (in " + model_dir + "), then add to the inventory "
+                     "(e.g. group_vars/spark.yml) and run again:\n\n" + trusted_code_yaml(known) + "\n")
+        else:
+            text += (". Fix: run playbooks/checkpoint.yml: the head downloads them for review and prints the "
+                     "checkpoint_trusted_code_files lines to paste")
+        parts.append(text)
+    if extra:
+        parts.append(f"{len(extra)} files not in the record of {revision}: {extra[:10]}. They are never deleted "
+                     "automatically. Fix: remove them from the model directory (or move them elsewhere), "
+                     "then run again")
+    return f"refusing {model_dir} before hashing anything: " + "; ".join(parts)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -332,6 +411,9 @@ def main() -> None:
             "model_type": {"type": "str", "default": "glm5_next"},
             "ignore": {"type": "list", "elements": "str", "default": [".cache/huggingface/"]},
             "stamp_path": {"type": "path"},
+            "cache_path": {"type": "path"},
+            "rehash": {"type": "bool", "default": False},
+            "trusted_code_files": {"type": "dict", "default": {}},
             "workers": {"type": "int", "default": 0},
             "fail_on_problems": {"type": "bool", "default": True},
         },
@@ -350,18 +432,44 @@ def main() -> None:
     if p["revision"] and record.get("revision") != p["revision"]:
         module.fail_json(msg=f"the record {p['record_path']} is of revision {record.get('revision')}, "
                          f"checkpoint_revision is {p['revision']}.")
+    trusted = p["trusted_code_files"] or {}
+    bad_pins = {n: v for n, v in trusted.items() if not (isinstance(v, str) and SHA256_RE.match(v))}
+    if bad_pins:
+        module.fail_json(msg=f"checkpoint_trusted_code_files pins {sorted(bad_pins)} to values that are not a sha256 "
+                         "(64 lowercase hex digits). Fix: paste the lines the refusal printed.")
     files: dict = record["files"]
+    revision = record["revision"]
+    deep = p["mode"] == "deep"
     started = time.monotonic()
     found = scan(model_dir, p["ignore"])
+    stamp_path = p["stamp_path"]
+    stamp = load_json(stamp_path) if stamp_path else None
+    cache = load_json(p["cache_path"]) if p["cache_path"] else None
 
-    missing, wrong_size, wrong_content, extra, refused = [], [], [], [], []
+    result = {
+        "changed": False, "ok": False, "mode": p["mode"], "revision": revision, "problems": [],
+        "structure_problems": [], "missing": [], "wrong_size": [], "wrong_content": [], "stale_scales": False,
+        "extra": [], "refused": [], "code_files": [], "refetch": [], "refetch_bytes": 0, "hashed": [],
+        "changed_since_verified": [], "total_bytes": sum(e["size"] for e in files.values()),
+        "file_count": len(files), "free_bytes": free_bytes(model_dir), "hashed_bytes": 0, "seconds": 0.0,
+        "stamp": None,
+    }
+
+    def drop_stamp() -> None:
+        if stamp_path and os.path.lexists(stamp_path):
+            result["changed"] = True
+            if not module.check_mode:
+                os.unlink(stamp_path)
+
+    # ---- 1. the file set, before any byte is hashed ----------------------------------------------
+    missing, wrong_size, extra, refused_local = [], [], [], []
     for name, st in sorted(found.items()):
         if name in files:
             if not stat.S_ISREG(st.st_mode):
-                refused.append(name)
+                refused_local.append(name)
             continue
-        (refused if is_code_like(name, st) else extra).append(name)
-    to_hash = []
+        (refused_local if is_code_like(name, st) else extra).append(name)
+    present: dict[str, os.stat_result] = {}
     for name, entry in files.items():
         st = found.get(name)
         if st is None:
@@ -370,26 +478,100 @@ def main() -> None:
             continue
         elif st.st_size != entry["size"]:
             wrong_size.append(name)
-        elif p["mode"] == "deep" or not SHARD_RE.match(name):
+        else:
+            present[name] = st
+    code_names = sorted(n for n in files if is_code_name(n))
+    code_info = {n: {"name": n, "pinned": n in trusted, "pinned_sha256": trusted.get(n), "sha256": None}
+                 for n in code_names}
+    workers = p["workers"] or len(os.sched_getaffinity(0)) or 1
+    hashed_bytes = 0
+    wrong_content: list[str] = []
+    digests: dict[str, dict] = {}
+
+    def hash_many(names: list[str]) -> None:
+        """Hash ``names`` on ``workers`` threads, largest first; fills digests (None: changed meanwhile)."""
+        nonlocal hashed_bytes
+
+        def one(name: str):
+            path = os.path.join(model_dir, name)
+            algos = {record_hash(files[name])[0]} | ({"sha256"} if is_code_name(name) else set())
+            before = os.lstat(path)
+            got = file_digests(path, files[name]["size"], sorted(algos))
+            after = os.lstat(path)
+            # A file rewritten while it was read hashed to nothing meaningful.
+            return (before, got) if _same(before, after) else (before, None)
+
+        order = sorted(names, key=lambda n: -files[n]["size"])
+        if not order:
+            return
+        with ThreadPoolExecutor(max_workers=min(workers, len(order))) as pool:
+            for name, (st, got) in zip(order, pool.map(one, order), strict=True):
+                hashed_bytes += files[name]["size"]
+                digests[name] = {"st": st, "got": got}
+
+    # Code files of the record are read first (they are small): their content decides whether the
+    # directory is refused, and the refusal should print the lines to paste.
+    code_present = [n for n in code_names if n in present]
+    hash_many(code_present)
+    for name in code_present:
+        got = digests[name]["got"]
+        algo, want = record_hash(files[name])
+        if got is not None and got.get(algo) == want:
+            code_info[name]["sha256"] = got["sha256"]
+    unpinned = [n for n in code_names if n not in trusted]
+    mispinned = [n for n in code_names if n in trusted and code_info[n]["sha256"]
+                 and code_info[n]["sha256"] != trusted[n]]
+    result["code_files"] = [code_info[n] for n in code_names]
+    if extra or refused_local or unpinned or mispinned:
+        result.update(missing=missing, wrong_size=wrong_size, extra=extra,
+                      refused=sorted(set(refused_local) | set(unpinned) | set(mispinned)),
+                      hashed=sorted(code_present), hashed_bytes=hashed_bytes,
+                      seconds=round(time.monotonic() - started, 3))
+        drop_stamp()
+        module.fail_json(msg=refusal_message(model_dir, revision, extra=extra, refused_local=refused_local,
+                                             unpinned=unpinned, mispinned=mispinned, code_info=code_info),
+                         **result)
+
+    # ---- 2. what earlier verifications vouch for ---------------------------------------------------
+    sources, legacy_before = memory_of(stamp, cache, record)
+    stamp_of_record = isinstance(stamp, dict) and stamp_matches(stamp, record) and stamp.get("mode") == "deep"
+    verified: dict[str, dict] = {}
+    changed_since: list[str] = []
+    to_hash: list[str] = []
+    for name, st in present.items():
+        if name in digests:
+            continue
+        remembered = [src.get(name) for src in sources if isinstance(src.get(name), dict)]
+        vouched = any(still_verified(k, st, files[name]) for k in remembered)
+        if not vouched and legacy_before is not None and st.st_ctime_ns < legacy_before:
+            vouched = True
+        if vouched and not p["rehash"]:
+            verified[name] = verified_entry(st, files[name])
+            continue
+        if remembered or legacy_before is not None:
+            if not vouched:
+                changed_since.append(name)
+        # Fast: small files always, and a weight shard when a stamp of this record must be confirmed.
+        if deep or not SHARD_RE.match(name) or stamp_of_record:
             to_hash.append(name)
 
-    workers = p["workers"] or os.cpu_count() or 1
-    hashed_bytes = 0
-    if to_hash:
-        # Biggest first so one late large file does not leave every other core idle.
-        to_hash.sort(key=lambda n: -files[n]["size"])
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            digests = dict(zip(to_hash, pool.map(lambda n: hash_file(os.path.join(model_dir, n), files[n]),
-                                                 to_hash), strict=True))
-        for name in sorted(to_hash):
-            algo, digest = digests[name]
-            hashed_bytes += files[name]["size"]
-            if files[name].get(algo) != digest:
-                wrong_content.append(name)
+    # ---- 3. hash -------------------------------------------------------------------------------------
+    hash_many(to_hash)
+    changed_while_read = []
+    for name, d in digests.items():
+        algo, want = record_hash(files[name])
+        if d["got"] is None:
+            changed_while_read.append(name)
+            wrong_content.append(name)
+        elif d["got"].get(algo) != want:
+            wrong_content.append(name)
+        else:
+            verified[name] = verified_entry(d["st"], files[name])
+    wrong_content.sort()
 
-    present = {n for n in files if n in found and n not in wrong_size and n not in wrong_content}
+    good = {n for n in present if n not in wrong_content}
     structural, problems = structure_checks(model_dir, files, shard_count=p["shard_count"],
-                                            model_type=p["model_type"], present=present, found=set(found))
+                                            model_type=p["model_type"], present=good, found=set(found))
     stale = SCALES in wrong_content or SCALES in wrong_size
     if missing:
         problems.append(f"{len(missing)} files missing, e.g. {missing[:3]}")
@@ -401,66 +583,55 @@ def main() -> None:
     others = [n for n in wrong_content if n != SCALES]
     if others:
         problems.append(f"{len(others)} files whose content does not match the record, e.g. {others[:3]}")
-    if extra:
-        problems.append(f"{len(extra)} files not in the record of {record['revision']}: {extra[:5]}. They are never "
-                        "deleted automatically. Fix: remove them from the model directory (or move them elsewhere).")
+    if changed_while_read:
+        problems.append(f"{changed_while_read[:3]} changed while they were read: another process writes into "
+                        f"{model_dir}")
     refetch = sorted(set(missing) | set(wrong_size) | set(wrong_content))
-    ok = not problems and not refused and not structural
+    ok = not problems and not structural
+    complete = ok and set(verified) == set(files)
 
-    result = {
-        "changed": False,
-        "ok": ok,
-        "mode": p["mode"],
-        "revision": record["revision"],
-        "problems": problems,
-        "structure_problems": structural,
-        "missing": missing,
-        "wrong_size": wrong_size,
-        "wrong_content": wrong_content,
-        "stale_scales": stale,
-        "extra": extra,
-        "refused": refused,
-        "refetch": refetch,
-        "refetch_bytes": sum(files[n]["size"] for n in refetch),
-        "total_bytes": sum(e["size"] for e in files.values()),
-        "file_count": len(files),
-        "free_bytes": free_bytes(model_dir),
-        "hashed_bytes": hashed_bytes,
-        "seconds": round(time.monotonic() - started, 3),
-        "stamp": None,
-    }
+    result.update(
+        ok=ok, problems=problems, structure_problems=structural, missing=missing, wrong_size=wrong_size,
+        wrong_content=wrong_content, stale_scales=stale, refetch=refetch,
+        refetch_bytes=sum(files[n]["size"] for n in refetch), hashed=sorted(digests),
+        changed_since_verified=sorted(changed_since), hashed_bytes=hashed_bytes,
+        seconds=round(time.monotonic() - started, 3),
+    )
 
-    stamp_path = p["stamp_path"]
+    # ---- 4. remember, stamp --------------------------------------------------------------------------
+    if p["cache_path"]:
+        cached = cache.get("files") if isinstance(cache, dict) and isinstance(cache.get("files"), dict) else {}
+        keep = {n: e for n, e in cached.items() if n in files and n not in digests and n not in refetch}
+        memory = {"format": 1, "files": dict(sorted({**keep, **verified}.items()))}
+        if memory != cache and not module.check_mode:
+            # Worthless after a crash (the next pass hashes again): no fsync.
+            atomic_write(p["cache_path"], (json.dumps(memory) + "\n").encode(), 0o644, durable=False)
     if stamp_path:
-        current = load_json(stamp_path)
         if not ok:
-            if os.path.lexists(stamp_path):
+            drop_stamp()
+        elif complete and (deep or stamp_of_record):
+            memory = dict(sorted(verified.items()))
+            if stamp_of_record and stamp.get("files") == memory and stamp.get("model_dir") == model_dir:
+                result["stamp"] = stamp
+            else:
+                new = new_stamp(record, model_dir, files=memory)
+                result["stamp"] = new
                 result["changed"] = True
                 if not module.check_mode:
-                    os.unlink(stamp_path)
-        elif stamp_matches(current, record):
-            # Fast or deep, a stamp of this very record still vouches; a deep pass leaves it as it is.
-            result["stamp"] = current
-        elif p["mode"] == "deep":
-            stamp = new_stamp(record, model_dir)
-            result["stamp"] = stamp
-            result["changed"] = True
-            if not module.check_mode:
-                atomic_write(stamp_path, json.dumps(stamp, indent=1).encode(), 0o644)
+                    atomic_write(stamp_path, json.dumps(new, indent=1).encode(), 0o644)
 
     if structural:
         module.fail_json(
-            msg=f"the pinned revision {record['revision']} of {record.get('repo_id')} is not the expected checkpoint: "
+            msg=f"the pinned revision {revision} of {record.get('repo_id')} is not the expected checkpoint: "
             + "; ".join(structural) + ". Fix: pin the right checkpoint_repo_id and checkpoint_revision.", **result)
-    if refused:
-        module.fail_json(
-            msg=f"refusing {model_dir}: code-like files not in the pinned record {refused[:10]} would be executed "
-            "by the server (--trust-remote-code). Fix: inspect and remove them; the role never deletes files.",
-            **result)
     if p["fail_on_problems"] and not ok:
-        module.fail_json(msg=f"{model_dir} does not match the record of {record['revision']}: " + "; ".join(problems),
+        module.fail_json(msg=f"{model_dir} does not match the record of {revision}: " + "; ".join(problems),
                          **result)
     module.exit_json(**result)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_size, a.st_mtime_ns, a.st_ctime_ns, a.st_ino) == (b.st_size, b.st_mtime_ns, b.st_ctime_ns, b.st_ino)
 
 
 if __name__ == "__main__":
