@@ -17,7 +17,18 @@ Directory layout (``root``)::
 Faults for tests: :meth:`HubEmulator.fault` cuts a file's download at a byte offset (the
 connection is dropped mid-body, then the file answers 503 until the fault is cleared, so the
 client gives up and a later run must resume); :meth:`HubEmulator.serve_stale` makes a path serve
-the bytes of an older commit (a mirror holding a stale copy).
+the bytes of an older commit (a mirror holding a stale copy); :meth:`HubEmulator.hold` stops a
+file's body at a byte offset until :meth:`HubEmulator.release` (a transfer caught in the middle,
+for a test to interrupt or kill); :meth:`HubEmulator.limit_rate` caps the bytes served per second.
+
+Like the hub: :meth:`HubEmulator.require_token` makes the repositories private (no token: 401
+``X-Error-Code: RepoNotFound``; a token it does not know, on any route: 401 with
+``X-Error-Message: Invalid credentials in Authorization header`` and no code), an unknown
+revision is 404 ``RevisionNotFound`` ("Invalid rev id"), an unknown repository 401
+``RepoNotFound`` (404 with a valid token). ``model_info="no_files_metadata"`` answers model info
+without per-file sizes (``blobs=true`` ignored) and ``model_info="absent"`` serves only what
+``hf download`` reads for a pinned commit, the tree listing and the resolve routes (a plain
+mirror; the model info routes are 404 without an error code).
 
 It binds only to the address it is given (127.0.0.1 by default), an IP address, never a name, and
 contacts no other host. It resolves no name either: http.server's own bind asks the resolver for the
@@ -36,7 +47,9 @@ import random
 import socket
 import socketserver
 import struct
+import sys
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +60,7 @@ REPO_ID = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".model")
 LFS_MIN_SIZE = 10 * 1024 * 1024
 CHUNK = 64 * 1024
+MODEL_INFO_MODES = ("full", "no_files_metadata", "absent")
 
 
 def git_blob_sha1(path: Path) -> str:
@@ -148,6 +162,12 @@ class NumericHTTPServer(ThreadingHTTPServer):
     lookup of the bound address (nothing here reads server_name); a numeric address is bound as it is.
     """
 
+    def handle_error(self, request, client_address):
+        # A client that hangs up mid-answer (a killed fetch, a broken stream) is a test's doing.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
     def server_bind(self):
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
@@ -158,12 +178,20 @@ class NumericHTTPServer(ThreadingHTTPServer):
 class HubEmulator:
     """Run the emulator in a background thread: ``with HubEmulator(root) as hub: hub.url``."""
 
-    def __init__(self, root: Path | str, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000):
+    def __init__(self, root: Path | str, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000,
+                 model_info: str = "full"):
         # A name would be resolved by the bind; the harness and the tests pass addresses.
         ipaddress.ip_address(host)
+        if model_info not in MODEL_INFO_MODES:
+            raise ValueError(f"model_info must be one of {MODEL_INFO_MODES}")
         self.store = Store(Path(root))
         self.host = host
         self.page_size = page_size
+        self.model_info = model_info
+        self.valid_tokens: set[str] | None = None
+        self.rate: float | None = None
+        self._rate_next = 0.0
+        self.holds: dict[str, dict] = {}
         self.lock = threading.Lock()
         self.bytes_served: dict[str, int] = defaultdict(int)
         self.requests: list[tuple[str, str, str | None]] = []
@@ -192,6 +220,7 @@ class HubEmulator:
         return self
 
     def stop(self) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()
 
@@ -220,6 +249,48 @@ class HubEmulator:
     def clear_faults(self) -> None:
         with self.lock:
             self.faults.clear()
+
+    def require_token(self, tokens: set[str] | None) -> None:
+        """Only these tokens may read (None: anyone, any token, as before)."""
+        with self.lock:
+            self.valid_tokens = set(tokens) if tokens is not None else None
+
+    def limit_rate(self, bytes_per_s: float | None) -> None:
+        """Serve file bodies at most this fast, all connections together (None: no limit)."""
+        with self.lock:
+            self.rate = bytes_per_s
+            self._rate_next = 0.0
+
+    def hold(self, path: str, at: int) -> None:
+        """Stop the body of ``path`` after absolute byte ``at`` until :meth:`release` (once)."""
+        with self.lock:
+            self.holds[path] = {"at": at, "go": threading.Event(), "reached": threading.Event()}
+
+    def wait_held(self, path: str, timeout: float) -> bool:
+        """Whether a download of ``path`` reached its hold within ``timeout`` seconds."""
+        with self.lock:
+            hold = self.holds.get(path)
+        return bool(hold) and hold["reached"].wait(timeout)
+
+    def release(self, path: str | None = None) -> None:
+        """Let held bodies go on (all when ``path`` is None)."""
+        with self.lock:
+            names = [path] if path is not None else list(self.holds)
+            holds = [self.holds.pop(n) for n in names if n in self.holds]
+        for hold in holds:
+            hold["go"].set()
+
+    def _pace(self, nbytes: int) -> None:
+        with self.lock:
+            rate = self.rate
+            if not rate:
+                return
+            now = time.monotonic()
+            start = max(now, self._rate_next)
+            self._rate_next = start + nbytes / rate
+            wait = self._rate_next - now
+        if wait > 0:
+            time.sleep(wait)
 
     def serve_stale(self, path: str, old_sha: str | None) -> None:
         """Serve ``path`` from commit ``old_sha`` whatever revision is asked (None: stop)."""
@@ -265,6 +336,11 @@ class _Handler(BaseHTTPRequestHandler):
         if auth:
             with self.hub.lock:
                 self.hub.tokens_seen.add(auth)
+        with self.hub.lock:
+            valid = None if self.hub.valid_tokens is None else set(self.hub.valid_tokens)
+        token = auth[len("Bearer "):] if auth and auth.startswith("Bearer ") else None
+        # Whether the request may read a private repository; None: everything is public.
+        self.authorized = True if valid is None else token in valid
         split = urlsplit(self.path)
         path = unquote(split.path)
         query = parse_qs(split.query)
@@ -273,6 +349,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.clients.add(self.client_address[0])
         if path == "/_emulator/stats":
             return self.send_json(200, {"bytes_served": self.hub.served()})
+        if valid is not None and auth and token not in valid:
+            # The hub refuses a token it does not know on every route, public repositories included.
+            msg = "Invalid credentials in Authorization header"
+            return self.send_json(401, {"error": msg}, {"X-Error-Message": msg})
         if path.startswith("/api/models/"):
             return self.api(path[len("/api/models/"):], query)
         parts = path.lstrip("/").split("/", 4)
@@ -284,9 +364,11 @@ class _Handler(BaseHTTPRequestHandler):
     def api(self, rest: str, query: dict) -> None:
         parts = rest.split("/")
         repo_id = "/".join(parts[:2])
-        store = self.hub.store
-        if store.repo_dir(repo_id) is None:
-            return self.send_error_code(401, "RepoNotFound", f"Repository Not Found for url: {repo_id}")
+        if (denied := self.repo_denied(repo_id)) is not None:
+            return denied
+        if (len(parts) == 2 or parts[2] == "revision") and self.hub.model_info == "absent":
+            # A plain mirror serves what `hf download` reads for a pinned commit, not the model info.
+            return self.send_json(404, {"error": "Not Found"})
         if len(parts) == 2:
             return self.model_info(repo_id, "main", query)
         if parts[2] == "revision" and len(parts) == 4:
@@ -300,7 +382,7 @@ class _Handler(BaseHTTPRequestHandler):
         sha = store.resolve(repo_id, rev)
         if sha is None:
             return self.send_error_code(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-        blobs = query.get("blobs", ["false"])[0].lower() == "true"
+        blobs = query.get("blobs", ["false"])[0].lower() == "true" and self.hub.model_info == "full"
         siblings = []
         for name in store.files(repo_id, sha):
             entry: dict = {"rfilename": name}
@@ -380,11 +462,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_json(200, page, headers)
 
     # ---- files ---------------------------------------------------------------------------
+    def repo_denied(self, repo_id: str):
+        """The hub's answer when ``repo_id`` cannot be read by this request, else None.
+
+        Without valid credentials, a private repository and a missing one look the same (401
+        RepoNotFound); with them, a missing one is 404.
+        """
+        if self.hub.store.repo_dir(repo_id) is None:
+            status = 404 if self.headers.get("Authorization") and self.authorized else 401
+            return self.send_error_code(status, "RepoNotFound", "Repository not found")
+        if not self.authorized:
+            return self.send_error_code(401, "RepoNotFound", "Repository not found")
+        return None
+
     def resolve(self, repo_id: str, rev: str, name: str) -> None:
         hub = self.hub
         store = hub.store
-        if store.repo_dir(repo_id) is None:
-            return self.send_error_code(401, "RepoNotFound", f"Repository Not Found for url: {repo_id}")
+        if (denied := self.repo_denied(repo_id)) is not None:
+            return denied
         sha = store.resolve(repo_id, rev)
         if sha is None:
             return self.send_error_code(404, "RevisionNotFound", f"Invalid rev id: {rev}")
@@ -440,11 +535,22 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         cut = fault["drop_at"] if fault and not fault["tripped"] else None
+        with hub.lock:
+            hold = hub.holds.get(name)
         with body_blob.path.open("rb") as f:
             f.seek(start)
             pos = start
             while pos <= end:
                 n = min(CHUNK, end - pos + 1)
+                if hold is not None and pos <= hold["at"] < pos + n:
+                    n = hold["at"] - pos
+                    if n == 0:
+                        self.wfile.flush()
+                        hold["reached"].set()
+                        # Bounded, so a test that forgets to release cannot hang the server for ever.
+                        hold["go"].wait(600)
+                        hold = None
+                        continue
                 if cut is not None and pos + n > cut:
                     n = cut - pos
                     if n > 0:
@@ -466,6 +572,7 @@ class _Handler(BaseHTTPRequestHandler):
                 pos += len(data)
 
     def _send(self, name: str, data: bytes) -> None:
+        self.hub._pace(len(data))
         self.wfile.write(data)
         with self.hub.lock:
             self.hub.bytes_served[name] += len(data)
