@@ -54,6 +54,7 @@ section "gpu" key "compute_cap" for the shared-memory limit.
 """
 
 import argparse
+import collections
 import fcntl
 import hashlib
 import json
@@ -88,6 +89,14 @@ DEFAULTS = {
     "hang": False,
     "gpu_release_seconds": 0,
     "token_seconds": 0.0,
+    # Serving speed and faults for the benchmark (tests/standins/README.md): read at each request.
+    "ttft_seconds": None,
+    "prefill_tokens_per_second": 0,
+    "concurrency_slowdown": 0.0,
+    "error_every": 0,
+    "error_status": 503,
+    "cut_every": 0,
+    "recall": False,
 }
 HYBRID_ERROR = (
     "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
@@ -802,6 +811,8 @@ def take_part(peers, rank):
 # Memory that ended ranks still hold on this node's GPU: one file per holding process (its pid, its
 # start time, GiB). Under /run, so that a power cycle clears it as it clears the GPU.
 HELD_DIR = os.environ.get("SPARK_SIM_ROOT", "") + "/run/spark-sim/gpu-held"
+# Chat completions served and the faults injected into them (error_every, cut_every), for the tests.
+COUNTS = os.environ.get("SPARK_SIM_ROOT", "") + "/run/spark-sim/sglang-requests.json"
 GPU = {"fd": None, "holder": None, "alive": None}
 
 
@@ -1060,6 +1071,81 @@ def corruptions(args, k):
     return found
 
 
+class Batch:
+    """Continuous batching on rank 0, as SGLang's scheduler serves: at most max-running-requests run at
+    once and the others wait in the queue, first come first served (their wait is part of their time to
+    first token). A request's prefill gives its first token after `ttft_seconds` (default: one decoding
+    step) plus its prompt tokens at `prefill_tokens_per_second` (0: no time), with one collective across
+    the ranks; prefills do not delay one another or the decoding steps. Then each decoding step gives one
+    token to every request that joined before the step began, takes `token_seconds` x (1 +
+    `concurrency_slowdown` x (running requests - 1)), and is one collective across the ranks (TPGroup).
+    """
+
+    def __init__(self, group, limit):
+        self.group = group
+        self.limit = max(1, int(limit))
+        self.cond = threading.Condition()
+        self.queue = collections.deque()
+        self.running = 0  # admitted: in prefill or decoding
+        self.decoding = 0  # waiting for decoding steps
+        self.started = 0  # decoding steps begun
+        self.done = 0  # decoding steps finished
+        self.step_seconds = 0.0
+        self.slowdown = 0.0
+        threading.Thread(target=self.stepper, daemon=True).start()
+
+    def admit(self):
+        ticket = object()
+        with self.cond:
+            self.queue.append(ticket)
+            while self.queue[0] is not ticket or self.running >= self.limit:
+                self.cond.wait()
+            self.queue.popleft()
+            self.running += 1
+            self.cond.notify_all()
+
+    def leave(self, decoding):
+        with self.cond:
+            self.running -= 1
+            self.decoding -= 1 if decoding else 0
+            self.cond.notify_all()
+
+    def join(self):
+        """Join the decoding batch: the steps that begin from now on give this request a token each."""
+        with self.cond:
+            self.decoding += 1
+            self.cond.notify_all()
+            return self.started
+
+    def wait_step(self, number):
+        """Until decoding step `number` has finished; returns how many have."""
+        with self.cond:
+            while self.done < number:
+                self.cond.wait()
+            return self.done
+
+    def stepper(self):
+        due = None
+        while True:
+            with self.cond:
+                while self.decoding == 0:
+                    due = None
+                    self.cond.wait()
+                running = self.running
+                self.started += 1
+            seconds = self.step_seconds * (1 + self.slowdown * max(0, running - 1))
+            now = time.monotonic()
+            # Steps keep their own clock, so the time this thread waits for the GIL is not added to every
+            # step; a lag of more than a step (a stalled machine) is not made up in a burst.
+            due = now + seconds if due is None or due < now - seconds else due + seconds
+            if due > now:
+                time.sleep(due - now)
+            self.group.step()
+            with self.cond:
+                self.done += 1
+                self.cond.notify_all()
+
+
 class Engine:
     def __init__(self, args, k, group):
         self.args = args
@@ -1070,12 +1156,74 @@ class Engine:
         self.group = group
         self.token_seconds = float(k["token_seconds"] or 0)
         self.hang_at_start = bool(k["hang"])
+        self.start_knobs = k
+        self.batch = Batch(group, args.max_running_requests or 48)
+        self.counted = {"requests": 0, "errors": 0, "cuts": 0}
 
-    def decode(self):
-        """One decoding step: the forward pass, whose all-reduces need every rank (TPGroup.step)."""
-        if self.token_seconds > 0:
-            time.sleep(self.token_seconds)
-        self.group.step()
+    def serving_knobs(self):
+        """The speed and fault knobs, read at each request so that a test can change them on a serving rank."""
+        try:
+            k = knobs()
+        except ValueError:  # the knobs file is being rewritten
+            k = self.start_knobs
+        return k
+
+    def run(self, k, prompt_tokens, steps, on_token=None):
+        """A request through the batch: queue, prefill (the first token), then one token per decoding step.
+
+        on_token(n) is called after the n-th token (n = 1..steps), catching up when steps ran meanwhile.
+        """
+        self.batch.admit()
+        decoding = False
+        try:
+            ttft = k["ttft_seconds"]
+            seconds = self.token_seconds if ttft is None else float(ttft)
+            rate = float(k["prefill_tokens_per_second"] or 0)
+            if rate > 0:
+                seconds += prompt_tokens / rate
+            if seconds > 0:
+                time.sleep(seconds)
+            self.group.step()
+            if on_token:
+                on_token(1)
+            if steps <= 1:
+                return
+            self.batch.step_seconds = self.token_seconds
+            self.batch.slowdown = float(k["concurrency_slowdown"] or 0)
+            base = self.batch.join()
+            decoding = True
+            made = 1
+            while made < steps:
+                done = self.batch.wait_step(base + made)
+                while made < steps and base + made <= done:
+                    made += 1
+                    if on_token:
+                        on_token(made)
+        finally:
+            self.batch.leave(decoding)
+
+    def count(self, k, streamed):
+        """Which fault the knobs inject into this request: an HTTP error, a cut stream, or none.
+
+        Every error_every-th chat completion answers error_status; else every cut_every-th streamed one
+        loses its connection half-way. The counts go to /run/spark-sim/sglang-requests.json for the tests.
+        """
+        with self.lock:
+            self.counted["requests"] += 1
+            n = self.counted["requests"]
+            fault = None
+            if int(k["error_every"] or 0) > 0 and n % int(k["error_every"]) == 0:
+                fault = "error"
+                self.counted["errors"] += 1
+            elif streamed and int(k["cut_every"] or 0) > 0 and n % int(k["cut_every"]) == 0:
+                fault = "cut"
+                self.counted["cuts"] += 1
+            path = COUNTS
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(self.counted, f)
+            os.replace(path + ".tmp", path)
+        return fault
 
     def hangs(self):
         """The hang knob, read at each request, so that a test can make a serving rank hang."""
@@ -1117,10 +1265,19 @@ class Engine:
             reasoning, answer = REASONING, ANSWER
         else:
             reasoning, answer = f"The user wrote: {prompt[:80]}. A short reply will do.", "OK"
+            if self.serving_knobs()["recall"]:
+                answer = " ".join(recalled(prompt)) or answer
+        if body.get("ignore_eos") and _positive(body.get("max_tokens")):
+            # SGLang's ignore_eos: exactly max_tokens tokens, the thinking first (one word a token).
+            n = int(body["max_tokens"])
+            words = [FILLER[i % len(FILLER)] for i in range(n)]
+            reasoning, answer = " ".join(words[: n // 2]), " ".join(words[n // 2:])
         if "wrong-answer" in self.corrupt:
             reasoning, answer = reasoning.replace("391", "394").replace("51", "54"), answer.replace("391", "394")
         reasoning_tokens = len(reasoning.split()) * 3 + 1
         answer_tokens = max(1, len(answer.split()))
+        if body.get("ignore_eos") and _positive(body.get("max_tokens")):
+            reasoning_tokens, answer_tokens = len(reasoning.split()), len(answer.split())
         reasoning = self.garble(reasoning)
         if self.args.reasoning_parser == "glm45":
             message = {"role": "assistant", "content": answer, "reasoning_content": reasoning, "tool_calls": None}
@@ -1128,9 +1285,9 @@ class Engine:
             # No reasoning parser: the thinking and its closing tag stay in the text.
             message = {"role": "assistant", "content": f"{reasoning}, so the answer is {answer}.</think>{answer}",
                        "reasoning_content": None, "tool_calls": None}
-        usage = {"prompt_tokens": len(prompt.split()) + 8, "completion_tokens": reasoning_tokens + answer_tokens,
+        usage = {"prompt_tokens": prompt_tokens(body), "completion_tokens": reasoning_tokens + answer_tokens,
                  "reasoning_tokens": reasoning_tokens}
-        return message, "stop", usage
+        return message, "length" if body.get("ignore_eos") else "stop", usage
 
     def tool_reply(self, tools):
         function = (tools[0] or {}).get("function", {})
@@ -1179,6 +1336,56 @@ def stream_pieces(message):
     return out or [("content", message.get("content") or "")]
 
 
+# The words of a fixed-length output (ignore_eos): one token each.
+FILLER = ("the", "stream", "keeps", "going", "while", "tokens", "arrive", "one", "by", "one")
+LONG_WORD = re.compile(r"[a-z]{5,}")
+
+
+class StreamCut(Exception):
+    """The cut_every knob: the connection drops half-way through a stream."""
+
+
+def _positive(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def prompt_text(body):
+    messages = body.get("messages") or []
+    return " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+
+
+def prompt_tokens(body):
+    """What the tokenizer makes of the messages here: a word a token, plus 8 for the chat template."""
+    return len(prompt_text(body).split()) + 8
+
+
+def recalled(prompt):
+    """A toy long-context recall (knob `recall`): the sentences that share at least two words of five
+    letters or more with the prompt's last question."""
+    sentences = re.split(r"(?<=[.?!])\s+", prompt.strip())
+    question = next((i for i in range(len(sentences) - 1, -1, -1) if sentences[i].endswith("?")), None)
+    if question is None:
+        return []
+    keys = set(LONG_WORD.findall(sentences[question].lower()))
+    return [x for i, x in enumerate(sentences)
+            if i != question and len(keys & set(LONG_WORD.findall(x.lower()))) >= 2][:8]
+
+
+def context_problem(args, body):
+    """SGLang's validation of a request against --context-length (tokenizer_manager), as its 400 says it."""
+    context = args.context_length or 1048576
+    tokens = prompt_tokens(body)
+    if tokens >= context:
+        return f"The input ({tokens} tokens) is longer than the model's context length ({context} tokens)."
+    wanted = body.get("max_tokens") if _positive(body.get("max_tokens")) else None
+    if wanted is not None and tokens + wanted >= context:
+        return (f"Requested token count exceeds the model's maximum context length of {context} tokens. You requested "
+                f"a total of {tokens + wanted} tokens: {tokens} tokens from the input messages and {wanted} tokens for "
+                "the completion. Please reduce the number of tokens in the input messages or the completion to fit "
+                "within the limit.")
+    return None
+
+
 def make_handler(engine):
     class Handler(BaseHTTPRequestHandler):
         server_version = "uvicorn"
@@ -1212,7 +1419,7 @@ def make_handler(engine):
             self.wfile.write(b"data: " + (payload if isinstance(payload, bytes) else
                                           json.dumps(payload, ensure_ascii=False).encode()) + b"\n\n")
 
-        def stream(self, rid, body, message, finish, usage):
+        def stream(self, rid, body, message, finish, usage, *, k, cut=False):
             """Server-sent events, a chunk as soon as the steps that make it have run."""
             created, model = int(time.time()), body.get("model", engine.model_id)
 
@@ -1227,8 +1434,11 @@ def make_handler(engine):
             # Piece i is out once its share of the steps has run.
             due = [min(steps, -(-(i + 1) * steps // len(pieces))) for i in range(len(pieces))]
             sent = 0
-            for step in range(1, steps + 1):
-                engine.decode()
+
+            def on_token(step):
+                nonlocal sent
+                if cut and step > steps // 2:
+                    raise StreamCut
                 while sent < len(pieces) and due[sent] <= step:
                     field, value = pieces[sent]
                     delta = {"role": "assistant"} if sent == 0 else {}
@@ -1237,6 +1447,8 @@ def make_handler(engine):
                     delta[field] = value
                     self.event(chunk(delta))
                     sent += 1
+
+            engine.run(k, usage["prompt_tokens"], steps, on_token)
             self.event(chunk({}, finish))
             if (body.get("stream_options") or {}).get("include_usage"):
                 self.event({**chunk({}), "choices": [], "usage": usage})
@@ -1292,6 +1504,18 @@ def make_handler(engine):
                     self.end_headers()
                 self.until_the_client_leaves()
                 return
+            k = engine.serving_knobs()
+            fault = engine.count(k, bool(body.get("stream")))
+            if fault == "error":
+                status = int(k["error_status"] or 503)
+                self.send_json(status, {"object": "error", "message": f"injected by the error_every knob ({status})",
+                                        "type": "InternalServerError", "param": None, "code": status})
+                return
+            problem = context_problem(engine.args, body)
+            if problem:
+                self.send_json(400, {"object": "error", "message": problem, "type": "BadRequestError", "param": None,
+                                     "code": 400})
+                return
             message, finish, usage = engine.chat(body)
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             if body.get("stream"):
@@ -1299,10 +1523,16 @@ def make_handler(engine):
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
                 self.end_headers()
-                self.stream(rid, body, message, finish, usage)
+                try:
+                    self.stream(rid, body, message, finish, usage, k=k, cut=fault == "cut")
+                except StreamCut:
+                    # The connection drops: no finish_reason, no [DONE].
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
             else:
-                for _ in range(usage["completion_tokens"]):
-                    engine.decode()
+                engine.run(k, usage["prompt_tokens"], usage["completion_tokens"])
             engine.decode_log(usage["completion_tokens"])
             engine.request_log(rid, body, message)
             if body.get("stream"):
