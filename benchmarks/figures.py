@@ -431,7 +431,11 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
 
 
 # "recovery" turns the supervisor on, so it runs last.
-FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "site": site_noop, "recovery": recovery}
+# Defined beside the figures whose helpers it reuses, so imported once they exist.
+from .task_floor import task_floor  # noqa: E402
+
+FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "site": site_noop, "floor": task_floor,
+           "recovery": recovery}
 
 
 def run_figure(ctx: Context, key: str, runs: int) -> tuple[list[Figure], str | None]:
