@@ -37,6 +37,8 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 HCA = re.compile(r"^[A-Za-z0-9_]+(:[0-9]+)?$")
 
 OVR = "sglang_server_flag_overrides"
+PROFILE = "sglang_server_profile"
+PROFILES = "sglang_server_profiles"
 ACK = "sglang_server_acknowledge_backend_change"
 
 
@@ -274,6 +276,54 @@ def _check_overrides(model, overrides, ack, errors):
         extras[name] = _check_extra(name, value, errors)
 
     return effective, extras
+
+
+def _with_profile(ctx, model, ack, errors):
+    """sglang_server_flag_overrides on top of the flags of the selected profile (built-in `default`: the seed)."""
+    overrides = ctx.get(OVR)
+    name = ctx.get(PROFILE)
+    name = "default" if name in (None, "") else name
+    profiles = ctx.get(PROFILES)
+    profiles = {} if profiles is None else profiles
+    if not isinstance(profiles, Mapping):
+        errors.append(
+            f"{PROFILES} = {_show(profiles)}: must be a mapping from profile name to flag overrides. Fix: e.g. "
+            f"{PROFILES}: {{ctx131072-req2: {{context-length: 131072, max-running-requests: 2}}}} (playbooks/tune.yml "
+            "writes such a file)."
+        )
+        return overrides
+    if "default" in profiles:
+        errors.append(
+            f"{PROFILES}['default']: `default` is the built-in profile, the seed's point (context-length 65536, "
+            "max-running-requests 2). Fix: give your profile another name."
+        )
+    if not isinstance(name, str) or (name != "default" and name not in profiles):
+        errors.append(
+            f"{PROFILE} = {_show(name)}: no such profile. Fix: choose one of "
+            f"{', '.join(['default'] + sorted(map(str, profiles)))}, or add it to {PROFILES} (playbooks/tune.yml writes "
+            "a file of them to keep in the inventory)."
+        )
+        return overrides
+    if name == "default":
+        return overrides
+    flags = profiles[name]
+    where = f"{PROFILES}[{name!r}]"
+    if not isinstance(flags, Mapping):
+        errors.append(f"{where} = {_show(flags)}: must be a mapping of flag overrides. Fix: e.g. {{context-length: 131072}}.")
+        return overrides
+    # The profile's flags meet the same guard rails; a problem names the profile.
+    found = []
+    _check_overrides(model, flags, ack, found)
+    errors += [message.replace(OVR, where) for message in found]
+    if found or not isinstance(overrides, Mapping):
+        return overrides
+    for flag in flags:
+        if flag in overrides and str(overrides[flag]) != str(flags[flag]):
+            errors.append(
+                f"{OVR}[{flag!r}] = {_show(overrides[flag])}, but {PROFILE} = {name!r} sets {flag} = {_show(flags[flag])}: "
+                f"two values for one flag. Fix: remove '{flag}' from {OVR}, or choose another profile."
+            )
+    return {**flags, **overrides}
 
 
 def _check_combinations(model, effective, errors):
@@ -609,7 +659,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     if not isinstance(ack, bool):
         errors.append(f"{ACK} = {_show(ack)}: must be true or false. Fix: use a YAML boolean.")
         ack = False
-    effective, extras = _check_overrides(model, ctx.get(OVR), ack, errors)
+    effective, extras = _check_overrides(model, _with_profile(ctx, model, ack, errors), ack, errors)
     _check_combinations(model, effective, errors)
     model_dir = _check_model_dir(ctx.get("sglang_server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
