@@ -52,6 +52,15 @@ BAD = [
      "sglang_server_model_dir = '/opt/models/glm53/': ends in a slash"),
     ("port-not-a-number", HEAD, WORKERS, {"sglang_server_port": "abc"},
      "sglang_server_port = 'abc': the head's HTTP port must be a TCP port number"),
+    # The key's value is never shown, only its length.
+    ("api-key-short", HEAD, WORKERS, {"sglang_server_api_key": "sk-only-twenty-two-chr"},
+     "sglang_server_api_key = <redacted, 22 characters>: shorter than 32 characters"),
+    ("tls-pair-missing", HEAD, WORKERS, {"sglang_server_tls": True, "sglang_server_tls_cert": "/nonexistent/server.crt",
+                                         "sglang_server_tls_key": "/nonexistent/server.key"},
+     "sglang_server_tls_cert = '/nonexistent/server.crt': no such file on the controller"),
+    ("tls-key-unreadable", HEAD, WORKERS, {"sglang_server_tls": True, "sglang_server_tls_cert": "/etc/ssl/certs",
+                                           "sglang_server_tls_key": "/etc/hostname"},
+     "sglang_server_tls_key = '/etc/hostname': not a PEM key"),
 ]
 
 
@@ -75,6 +84,7 @@ def test_bad_input_is_refused_before_any_contact(tmp_path, playbook, case):
                           extravars={"sglang_server_render_dir": str(out), **extravars}, envvars=NO_CONTACT)
     assert_refused_before_contact(result, fragment)
     assert not out.exists()
+    assert "sk-only-twenty-two-chr" not in result.stdout
 
 
 def test_one_node_renders_when_acknowledged(tmp_path):

@@ -168,7 +168,18 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "SGLANG_HOST_IP": NODES[host][1],
         "HF_HUB_OFFLINE": "1",
+        # Secure by default: a key (generated at deployment) goes into this file only.
+        "SGLANG_API_KEY": "<redacted>",
     }
+
+
+def test_serving_without_a_key_needs_allow_unauthenticated(tmp_path):
+    out = tmp_path / "rendered"
+    result = render(out, {"sglang_server_allow_unauthenticated": True})
+    assert result.rc == 0, result.stdout[-3000:]
+    env = (out / "spark-0" / "sglang.env").read_text()
+    unit = (out / "spark-0" / "sglang.service").read_text()
+    assert "SGLANG_API_KEY" not in env and "python3 -m sglang.launch_server" in unit and "python3 -c" not in unit
 
 
 def test_second_render_changes_nothing(rendered):
@@ -202,7 +213,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
             "enable-metrics": True,
         },
         "sglang_server_acknowledge_backend_change": True,
-        "sglang_server_api_key": "sk-render-test-key",
+        "sglang_server_api_key": "sk-render-test-key-0123456789abcdef",
         "sglang_server_nccl_ib_hca": ["mlx5_0", "mlx5_1"],
         "sglang_server_render_infiniband": False,
     })
@@ -223,8 +234,8 @@ def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
         # With a key the launcher reads it from the container environment, not from argv.
         assert "python3 -c" in unit and "os.environ['SGLANG_API_KEY']" in unit
     # The key is in no rendered file and in no event the run produced.
-    assert not [p for p in out.rglob("*") if p.is_file() and "sk-render-test-key" in p.read_text()]
-    assert "sk-render-test-key" not in json.dumps(result.events)
+    assert not [p for p in out.rglob("*") if p.is_file() and "sk-render-test-key-0123456789abcdef" in p.read_text()]
+    assert "sk-render-test-key-0123456789abcdef" not in json.dumps(result.events)
 
 
 # Guard rails through the real playbook: (extravars, fragments of the refusal).

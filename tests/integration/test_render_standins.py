@@ -58,7 +58,7 @@ def node_roots(tmp_path):
     return roots
 
 
-@pytest.mark.parametrize("api_key", ["", "sk-e2e-secret"], ids=["no key", "api key"])
+@pytest.mark.parametrize("api_key", ["", "sk-e2e-secret-0123456789abcdef0123"], ids=["no key", "api key"])
 def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_roots, api_key):
     model = tmp_path / "models" / "glm53"
     model.mkdir(parents=True)
@@ -81,6 +81,8 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
         "sglang_server_model_dir": str(model),
         "sglang_server_render_infiniband": False,
         "sglang_server_api_key": api_key,
+        # Without a key only on purpose (a deployment would otherwise generate one).
+        "sglang_server_allow_unauthenticated": not api_key,
     })
     assert result.rc == 0, result.stdout
 

@@ -537,6 +537,98 @@ def _check_supervision(ctx, nodes, errors):
         )
 
 
+# Shorter keys can be guessed or brute-forced by anyone who reaches the port.
+API_KEY_MIN = 32
+PEM_MARKERS = {"certificate": ("-----BEGIN CERTIFICATE-----",), "key": ("-----BEGIN ", "PRIVATE KEY-----")}
+SAN = re.compile(r"^(DNS:[A-Za-z0-9*][A-Za-z0-9.*-]*|IP:[0-9A-Fa-f:.]+)$")
+
+
+def _check_pem(var, path, kind, errors):
+    """A controller file nginx (or a client) will read: absolute, there, readable, PEM of the right kind."""
+    fix = f"Fix: give the absolute controller path of a readable PEM {kind} file, or leave {var} empty"
+    if not isinstance(path, str) or not path.startswith("/"):
+        errors.append(f"{var} = {_show(path)}: not an absolute path on the controller (the role copies the file from "
+                      f"the machine running Ansible). {fix}.")
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).decode("ascii", errors="replace")
+    except FileNotFoundError:
+        errors.append(f"{var} = {_show(path)}: no such file on the controller. {fix}.")
+        return
+    except OSError as err:
+        errors.append(f"{var} = {_show(path)}: cannot be read on the controller ({err.strerror or err}). {fix}.")
+        return
+    if not all(marker in head for marker in PEM_MARKERS[kind]):
+        errors.append(f"{var} = {_show(path)}: not a PEM {kind} (no {' ... '.join(PEM_MARKERS[kind])} line), so nginx "
+                      f"would refuse to start. {fix}.")
+
+
+def _check_access(ctx, port, dist, errors):
+    """The API key and TLS settings: secure by default, and refused up front when they cannot work."""
+    key = ctx.get("sglang_server_api_key")
+    if isinstance(key, str) and key and not any(c in key for c in "\r\n\x00"):
+        # The value is a secret: only its length is ever shown.
+        if len(key) < API_KEY_MIN:
+            errors.append(
+                f"sglang_server_api_key = <redacted, {len(key)} characters>: shorter than {API_KEY_MIN} characters, "
+                "so anyone who reaches the port could guess it. Fix: leave it empty (a 48-character key is generated "
+                "on the controller beside the inventory and reused), or set at least 32 random characters "
+                "(e.g. openssl rand -hex 24), vaulted."
+            )
+        elif any(c.isspace() for c in key):
+            errors.append(
+                f"sglang_server_api_key = <redacted, {len(key)} characters>: contains whitespace, which clients and the "
+                "env file do not carry reliably in an Authorization header. Fix: use a key without spaces or tabs."
+            )
+    flags = {}
+    for var in ("sglang_server_allow_unauthenticated", "sglang_server_tls"):
+        value = ctx.get(var, False)
+        # What Ansible's bool filter takes (-e sglang_server_tls=true arrives as a string).
+        text = str(value).strip().lower()
+        flags[var] = value if isinstance(value, bool) else text in ("true", "yes", "on", "1")
+        if not isinstance(value, bool) and text not in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            errors.append(f"{var} = {_show(value)}: must be true or false. Fix: use a YAML boolean.")
+    if not flags["sglang_server_tls"]:
+        return None
+    backend = _as_int(ctx.get("sglang_server_tls_backend_port"))
+    if backend is None or not 1 <= backend <= 65535:
+        errors.append(
+            f"sglang_server_tls_backend_port = {_show(ctx.get('sglang_server_tls_backend_port'))}: SGLang's own port "
+            "behind nginx must be a TCP port number. Fix: give a whole number between 1 and 65535 (default 30001)."
+        )
+        backend = None
+    elif backend in (port, dist):
+        clash = "sglang_server_port (nginx listens there)" if backend == port else "sglang_server_dist_init_port"
+        errors.append(
+            f"sglang_server_tls_backend_port = {backend}: equals {clash}, and both listen on the head. Fix: choose "
+            "another port (default 30001)."
+        )
+    cert, tls_key = ctx.get("sglang_server_tls_cert") or "", ctx.get("sglang_server_tls_key") or ""
+    if bool(cert) != bool(tls_key):
+        given, missing = ("sglang_server_tls_cert", "sglang_server_tls_key") if cert else \
+            ("sglang_server_tls_key", "sglang_server_tls_cert")
+        errors.append(
+            f"{missing} = '': {given} is set, but nginx needs the certificate and its key as a pair. Fix: set "
+            f"{missing} too, or leave both empty to have a CA and a certificate generated beside the inventory."
+        )
+    if cert:
+        _check_pem("sglang_server_tls_cert", cert, "certificate", errors)
+    if tls_key:
+        _check_pem("sglang_server_tls_key", tls_key, "key", errors)
+    if ctx.get("sglang_server_tls_ca"):
+        _check_pem("sglang_server_tls_ca", ctx["sglang_server_tls_ca"], "certificate", errors)
+    sans = ctx.get("sglang_server_tls_subject_alt_names")
+    if sans is None:
+        sans = []
+    if isinstance(sans, str) or not isinstance(sans, (list, tuple)) or not all(isinstance(n, str) and SAN.match(n) for n in sans):
+        errors.append(
+            f"sglang_server_tls_subject_alt_names = {_show(sans)}: must be a list of DNS:name or IP:address entries. "
+            "Fix: e.g. ['DNS:llm.example.org', 'IP:10.0.0.10'], or []."
+        )
+    return backend
+
+
 def _check_image_tag(image, digest, errors):
     """A moving tag lets two nodes (or two runs) pull different images."""
     if not isinstance(image, str) or not IMAGE_REF.match(image) or digest:
@@ -666,6 +758,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     port, dist = _check_scalars(ctx, errors)
     _check_shape(ctx, model, nodes, errors)
     _check_supervision(ctx, nodes, errors)
+    backend = _check_access(ctx, port, dist, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
     if errors:
@@ -680,8 +773,9 @@ def sglang_server_plan(ctx, model, hostvars=None):
         "nnodes": len(nodes),
         "node-rank": rank,
         "dist-init-addr": f"{ctx['fabric_ips'][head]}:{dist}",
-        "host": str(ctx["sglang_server_host"]),
-        "port": port,
+        # Behind nginx (TLS) SGLang listens on the head's loopback only.
+        "host": "127.0.0.1" if backend else str(ctx["sglang_server_host"]),
+        "port": backend or port,
     }
 
     args = []

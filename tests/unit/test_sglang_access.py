@@ -1,0 +1,149 @@
+"""Secure by default, in the server role's plan: the API key's rules and the TLS settings, refused up front.
+
+Every refusal names the variable, the value (never the key's: its length), why and the fix. The
+end-to-end proof (keys served, 401s, nginx on a simulated head) is tests/integration/test_secure_endpoint.py.
+"""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+import yaml
+
+from tests.lib.playbook import REPO
+from tests.lib.sglang_plan import DEFAULTS, FILTER, MODEL, VARS, ctx
+
+KEY = "k" * 32  # the shortest key accepted
+PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+PEM_KEY = "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n"
+
+
+def plan(**changes):
+    return FILTER.sglang_server_plan(ctx(**changes), MODEL)
+
+
+def only_error(**changes):
+    errors = plan(**changes)["errors"]
+    assert len(errors) == 1, errors
+    assert "Fix:" in errors[0], errors[0]
+    return errors[0]
+
+
+def flag(result, name):
+    return result["args"][result["args"].index(name) + 1]
+
+
+def test_secure_defaults():
+    assert DEFAULTS["sglang_server_api_key"] == ""
+    assert DEFAULTS["sglang_server_allow_unauthenticated"] is False
+    assert DEFAULTS["sglang_server_tls"] is False
+    result = plan()
+    assert result["errors"] == []
+    assert (flag(result, "--host"), flag(result, "--port")) == ("0.0.0.0", "30000")  # noqa: S104 - compared
+
+
+@pytest.mark.parametrize("key", ["short-key", "x" * 31])
+def test_a_short_key_is_refused_with_its_length_never_its_value(key):
+    message = only_error(sglang_server_api_key=key)
+    assert message.startswith(f"sglang_server_api_key = <redacted, {len(key)} characters>: shorter than 32")
+    assert key not in message and key not in repr(plan(sglang_server_api_key=key))
+    assert "leave it empty" in message and "openssl rand" in message
+
+
+def test_a_key_of_32_characters_passes_and_stays_out_of_the_plan():
+    result = plan(sglang_server_api_key=KEY)
+    assert result["errors"] == [] and KEY not in repr(result)
+
+
+def test_a_key_with_whitespace_is_refused():
+    message = only_error(sglang_server_api_key="a" * 20 + " " + "b" * 20)
+    assert "<redacted, 41 characters>" in message and "whitespace" in message
+
+
+def test_allow_unauthenticated_with_a_key_set_is_fine():
+    assert plan(sglang_server_api_key=KEY, sglang_server_allow_unauthenticated=True)["errors"] == []
+    assert plan(sglang_server_allow_unauthenticated=True)["errors"] == []
+
+
+@pytest.mark.parametrize("var", ["sglang_server_allow_unauthenticated", "sglang_server_tls"])
+def test_switches_take_booleans_and_what_ansibles_bool_filter_takes(var):
+    assert plan(**{var: "true"})["errors"] == []
+    message = only_error(**{var: "maybe"})
+    assert message.startswith(f"{var} = 'maybe': must be true or false")
+
+
+def test_tls_moves_sglang_behind_the_proxy_on_the_loopback():
+    result = plan(sglang_server_tls=True)
+    assert result["errors"] == []
+    assert (flag(result, "--host"), flag(result, "--port")) == ("127.0.0.1", "30001")
+    assert (flag(plan(sglang_server_tls="true", sglang_server_tls_backend_port=31000), "--port")) == "31000"
+
+
+@pytest.mark.parametrize(("port", "clash"), [(30000, "sglang_server_port"), (20000, "sglang_server_dist_init_port")])
+def test_the_backend_port_may_not_be_one_the_head_listens_on(port, clash):
+    message = only_error(sglang_server_tls=True, sglang_server_tls_backend_port=port)
+    assert message.startswith(f"sglang_server_tls_backend_port = {port}: equals {clash}")
+
+
+def test_a_certificate_without_its_key_is_refused(tmp_path):
+    cert = tmp_path / "server.crt"
+    cert.write_text(PEM_CERT)
+    message = only_error(sglang_server_tls=True, sglang_server_tls_cert=str(cert))
+    assert message.startswith("sglang_server_tls_key = '': sglang_server_tls_cert is set") and "as a pair" in message
+
+
+def test_a_given_pair_that_is_there_and_readable_passes(tmp_path):
+    (tmp_path / "s.crt").write_text(PEM_CERT)
+    (tmp_path / "s.key").write_text(PEM_KEY)
+    assert plan(sglang_server_tls=True, sglang_server_tls_cert=str(tmp_path / "s.crt"),
+                sglang_server_tls_key=str(tmp_path / "s.key"), sglang_server_tls_ca=str(tmp_path / "s.crt"))["errors"] == []
+
+
+@pytest.mark.parametrize(("case", "fragment"), [
+    ("missing", "no such file on the controller"),
+    ("directory", "cannot be read on the controller (Is a directory)"),
+    ("not-pem", "not a PEM key (no -----BEGIN  ... PRIVATE KEY----- line)"),
+    ("relative", "not an absolute path on the controller"),
+])
+def test_a_missing_or_unreadable_key_file_is_refused(tmp_path, case, fragment):
+    (tmp_path / "s.crt").write_text(PEM_CERT)
+    key = {"missing": str(tmp_path / "nope.key"), "directory": str(tmp_path), "relative": "tls/s.key",
+           "not-pem": str(tmp_path / "s.crt")}[case]
+    message = only_error(sglang_server_tls=True, sglang_server_tls_cert=str(tmp_path / "s.crt"), sglang_server_tls_key=key)
+    assert message.startswith(f"sglang_server_tls_key = {key!r}: {fragment}"), message
+    assert "Fix: give the absolute controller path of a readable PEM key file" in message
+
+
+def test_tls_files_are_not_read_while_tls_is_off(tmp_path):
+    assert plan(sglang_server_tls_cert=str(tmp_path / "nope.crt"), sglang_server_tls_key="relative")["errors"] == []
+
+
+def test_subject_alt_names_are_dns_or_ip_entries():
+    assert plan(sglang_server_tls=True, sglang_server_tls_subject_alt_names=["DNS:llm.example.org", "IP:10.0.0.9"])[
+        "errors"] == []
+    message = only_error(sglang_server_tls=True, sglang_server_tls_subject_alt_names=["llm.example.org"])
+    assert message.startswith("sglang_server_tls_subject_alt_names = ['llm.example.org']: must be a list of DNS:")
+
+
+@pytest.mark.parametrize("credentials_dir", ["", "/srv/secrets"])
+@pytest.mark.parametrize("tls_cert", ["", "/etc/pki/given.crt"])
+def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credentials_dir, tls_cert):
+    """group_vars/all wires verify (and through it doctor and the benchmark) to the server role's files."""
+    wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    values = {"inventory_dir": "/sites/mine", "sglang_server_credentials_dir": credentials_dir,
+              "sglang_server_tls": True, "sglang_server_tls_cert": tls_cert, "sglang_server_tls_ca": "/etc/pki/ca.crt"}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)  # noqa: S701 - Ansible values, not HTML
+    env.filters["bool"] = bool
+
+    def render(text, **extra):
+        return env.from_string(text).render(**values, **extra).strip()
+
+    server_dir = render(VARS["__sglang_server_credentials_dir"])
+    server_key_file = render(VARS["__sglang_server_api_key_file"], __sglang_server_credentials_dir=server_dir)
+    generated = render(VARS["__sglang_server_tls_generated"]) == "True"
+    server_ca = render(VARS["__sglang_server_tls_ca_file"], __sglang_server_credentials_dir=server_dir,
+                       __sglang_server_tls_generated=generated)
+    assert render(wiring["sglang_verify_api_key_file"]) == server_key_file
+    assert render(wiring["sglang_verify_tls_ca"]) == server_ca
+    assert server_key_file == f"{credentials_dir or '/sites/mine/.credentials'}/sglang_api_key"
+    assert server_ca == ("/etc/pki/ca.crt" if tls_cert else f"{credentials_dir or '/sites/mine/.credentials'}/sglang-ca.crt")
