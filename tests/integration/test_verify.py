@@ -26,7 +26,7 @@ from tests.lib.seed import seed_args
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 LOOPBACK = "127.0.0.1"
-API_KEY = "sk-VerifyPlant3dKey0123456789"  # noqa: S105 - planted on purpose
+API_KEY = "sk-VerifyPlant3dKey0123456789abcdef"  # noqa: S105 - planted on purpose
 # The seed without its parsers: each test names the parsers it serves with.
 SEED_FLAGS = seed_args(without=("--reasoning-parser", "--tool-call-parser"))
 
@@ -101,9 +101,11 @@ def local_inventory(tmp_path):
 
 
 def verify(inventory, port, tmp_path, **extravars):
+    """Most stand-ins here serve without a key: verify is told so (a WARN row) unless a test says otherwise."""
     report = tmp_path / "report.json"
     result = run_playbook("playbooks/verify.yml", inventory, extravars={
-        "sglang_verify_port": port, "sglang_verify_report_path": str(report), **extravars})
+        "sglang_verify_port": port, "sglang_verify_report_path": str(report),
+        "sglang_server_allow_unauthenticated": True, **extravars})
     assert report.exists(), result.stdout[-3000:]
     return result, json.loads(report.read_text())
 
@@ -122,6 +124,8 @@ def test_a_good_server_passes_every_check(serve, local_inventory, tmp_path):
     for name in ("models", "reasoning", "tool_call", "sanity"):
         assert f"{name}" in table
     assert table.count("PASS") == 4
+    # Served without a key, on purpose: a warning, not a pass.
+    assert checks(report)["auth"]["warn"] is True and "WARN    served without an API key" in table
     assert report["exchanges"]["reasoning"]["body"]["choices"][0]["message"]["content"] == "391"
 
 
@@ -150,17 +154,43 @@ def test_tool_call_parser_glm_is_diagnosed(serve, local_inventory, tmp_path):
 
 def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
     port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"], api_key=API_KEY)
-    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY)
+    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY,
+                            sglang_server_allow_unauthenticated=False)
     assert result.rc == 0, result.stdout[-3000:]
     assert report["ok"] is True and report["api_key_sent"] is True
+    # Without a key and with a wrong one: 401, proven on every run.
+    assert checks(report)["auth"]["detail"] == "without a key: HTTP 401, wrong key: HTTP 401, the right key: HTTP 200"
+    assert report["exchanges"]["unauthenticated"]["status"] == 401 == report["exchanges"]["wrong_key"]["status"]
     assert API_KEY not in result.stdout
     assert API_KEY not in (tmp_path / "report.json").read_text()
     assert API_KEY not in json.dumps(result.events)
 
-    result, report = verify(local_inventory, port, tmp_path)
+    # No key known (none given, none generated beside the inventory): refused, with where it was looked for.
+    result, report = verify(local_inventory, port, tmp_path, sglang_server_allow_unauthenticated=False)
     assert result.rc != 0
     assert not checks(report)["models"]["ok"]
     assert "sglang_server_api_key" in checks(report)["models"]["remedy"]
+    key_file = tmp_path / ".credentials" / "sglang_api_key"
+    assert f"{key_file} does not exist" in checks(report)["auth"]["detail"]
+
+    # The key the server role generated beside the inventory is the one sent.
+    key_file.parent.mkdir(mode=0o700)
+    key_file.write_text(API_KEY + "\n")
+    result, report = verify(local_inventory, port, tmp_path, sglang_server_allow_unauthenticated=False)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert report["api_key_sent"] is True and checks(report)["auth"]["ok"] and not checks(report)["auth"]["warn"]
+    assert API_KEY not in result.stdout and API_KEY not in json.dumps(result.events)
+
+
+def test_a_server_that_checks_no_key_fails_the_auth_check(serve, local_inventory, tmp_path):
+    port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"])
+    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY,
+                            sglang_server_allow_unauthenticated=False)
+    assert result.rc != 0
+    auth = checks(report)["auth"]
+    assert not auth["ok"] and auth["detail"].startswith("served without a key and with a wrong key")
+    assert "re-run playbooks/server.yml" in auth["remedy"]
+    assert all(checks(report)[name]["ok"] for name in ("models", "reasoning", "tool_call", "sanity"))
 
 
 GOOD = ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"]
@@ -193,7 +223,8 @@ def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):
 def test_default_report_path_is_timestamped_under_the_report_dir(serve, local_inventory, tmp_path):
     port = serve(flags=GOOD)
     result = run_playbook("playbooks/verify.yml", local_inventory, extravars={
-        "sglang_verify_port": port, "sglang_verify_report_dir": str(tmp_path / "reports")})
+        "sglang_verify_port": port, "sglang_verify_report_dir": str(tmp_path / "reports"),
+        "sglang_server_allow_unauthenticated": True})
     assert result.rc == 0, result.stdout[-3000:]
     reports = list(Path(tmp_path / "reports").glob("verify-*.json"))
     assert len(reports) == 1 and json.loads(reports[0].read_text())["ok"] is True

@@ -11,6 +11,8 @@ short_description: Verify an SGLang OpenAI-compatible endpoint serving GLM-5.3
 description:
   - Requests /v1/models, the seed's reasoning question (17 x 23) and a chat completion with one simple tool,
     then judges the answers (module_utils/sglang_verify_judge.py) with a diagnosis and remedy for each failure.
+  - Proves the access rules too - without a key and with a wrong key HTTP 401; for an https endpoint the certificate
+    chain verifies against C(ca_path) and plain HTTP on the same port is refused.
   - Read-only towards the server; supports check mode (the requests are made in check mode too).
   - Never fails by itself when a check fails; it returns C(ok) and the caller decides.
 options:
@@ -19,7 +21,21 @@ options:
     type: str
     required: true
   api_key:
-    description: Bearer token sent when not empty; never returned.
+    description:
+      - Bearer token sent when not empty; never returned.
+      - With a key, /v1/models is also asked without a key and with a wrong one (both must get HTTP 401).
+    type: str
+    default: ""
+  allow_unauthenticated:
+    description: Serving without a key is on purpose (a WARN row instead of a failure when no key is sent).
+    type: bool
+    default: false
+  key_file:
+    description: Where the generated key is expected, named when no key is known.
+    type: str
+    default: ""
+  ca_path:
+    description: CA file the https endpoint's certificate chain must verify against; empty means the system's store.
     type: str
     default: ""
   expected_model:
@@ -61,10 +77,18 @@ exchanges:
   description: Per request the HTTP status, elapsed seconds, error and (truncated) body.
   type: dict
   returned: always
+certificate:
+  description: For an https endpoint the TLS version, subject, issuer and expiry of the verified certificate, or the error.
+  type: dict
+  returned: always (null for http)
 """
 
 import json
+import secrets
+import socket
+import ssl
 import time
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.sglang_verify_judge import (
@@ -74,11 +98,14 @@ from ansible.module_utils.sglang_verify_judge import (
 )
 from ansible.module_utils.urls import open_url
 
+KEEP = object()
 
-def _exchange(module, method, url, payload=None):
+
+def _exchange(module, method, url, payload=None, key=KEEP):
     headers = {"Accept": "application/json"}
-    if module.params["api_key"]:
-        headers["Authorization"] = "Bearer " + module.params["api_key"]
+    key = module.params["api_key"] if key is KEEP else key
+    if key:
+        headers["Authorization"] = "Bearer " + key
     data = None
     if payload is not None:
         headers["Content-Type"] = "application/json"
@@ -87,7 +114,8 @@ def _exchange(module, method, url, payload=None):
     result = {"status": None, "error": "", "body_text": "", "json": None}
     try:
         response = open_url(url, method=method, data=data, headers=headers, timeout=module.params["timeout"],
-                            follow_redirects="none")
+                            follow_redirects="none", validate_certs=True,
+                            ca_path=(module.params["ca_path"] or None) if url.startswith("https://") else None)
         result["status"] = response.status
         raw = response.read()
     except Exception as exc:  # noqa: BLE001 - every transport failure is a verification result
@@ -105,6 +133,25 @@ def _exchange(module, method, url, payload=None):
     return result
 
 
+def _name(rdns):
+    """A certificate name as `CN=x, O=y` from ssl's nested tuples."""
+    return ", ".join(f"{k}={v}" for part in rdns or () for k, v in part) or "?"
+
+
+def _certificate(url, ca, timeout):
+    """The TLS handshake a client makes: chain and name checked against `ca` (else the system's store)."""
+    parts = urlsplit(url)
+    try:
+        context = ssl.create_default_context(cafile=ca or None)
+        with socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout) as raw, \
+                context.wrap_socket(raw, server_hostname=parts.hostname) as tls:
+            cert = tls.getpeercert()
+            return {"error": "", "version": tls.version(), "subject": _name(cert.get("subject")),
+                    "issuer": _name(cert.get("issuer")), "not_after": cert.get("notAfter", "?")}
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -114,6 +161,9 @@ def main():
             "max_tokens": {"type": "int", "default": 1024},
             "timeout": {"type": "int", "default": 300},
             "body_limit": {"type": "int", "default": 4000},
+            "allow_unauthenticated": {"type": "bool", "default": False},
+            "key_file": {"type": "str", "default": ""},
+            "ca_path": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -131,7 +181,19 @@ def main():
                                            reasoning_request(model, module.params["max_tokens"]))
         exchanges["tool_call"] = _exchange(module, "POST", base + "/v1/chat/completions",
                                            tool_request(model, module.params["max_tokens"]))
-    verdict = judge_all(exchanges, module.params["expected_model"])
+    # Who is served: no key, and a key that is not the served one (random, so it is nobody's).
+    exchanges["unauthenticated"] = _exchange(module, "GET", base + "/v1/models", key="")
+    if module.params["api_key"]:
+        exchanges["wrong_key"] = _exchange(module, "GET", base + "/v1/models", key="wrong-" + secrets.token_hex(24))
+    tls = base.startswith("https://")
+    certificate = None
+    if tls:
+        certificate = _certificate(base, module.params["ca_path"], module.params["timeout"])
+        # Without the key: a key must never cross the network in clear text.
+        exchanges["plain_http"] = _exchange(module, "GET", "http://" + base[len("https://"):] + "/v1/models", key="")
+    access = {"keyed": bool(module.params["api_key"]), "allow_unauthenticated": module.params["allow_unauthenticated"],
+              "key_file": module.params["key_file"], "tls": tls, "ca": module.params["ca_path"]}
+    verdict = judge_all({**exchanges, "certificate": certificate}, module.params["expected_model"], access)
     limit = module.params["body_limit"]
     kept = {
         name: {
@@ -143,7 +205,7 @@ def main():
         for name, ex in exchanges.items()
     }
     module.exit_json(changed=False, ok=verdict["ok"], checks=verdict["checks"], table=verdict["table"], model=model,
-                     exchanges=kept)
+                     exchanges=kept, certificate=certificate)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
 RAW_TOOL_MARKUP = re.compile(r"<\s*/?\s*(tool_call|arg_key|arg_value)\b|\bget_weather\s*[({<]", re.IGNORECASE)
 
 
-def check(name, ok, detail, diagnosis="", remedy=""):
-    return {"name": name, "ok": bool(ok), "detail": detail, "diagnosis": diagnosis, "remedy": remedy}
+def check(name, ok, detail, diagnosis="", remedy="", *, warn=False):
+    """One row; `warn` marks a passing row the operator should still read (served without a key)."""
+    return {"name": name, "ok": bool(ok), "detail": detail, "diagnosis": diagnosis, "remedy": remedy,
+            "warn": bool(warn)}
 
 
 def _http_problem(name, exchange):
@@ -73,7 +75,8 @@ def _http_problem(name, exchange):
             False,
             f"HTTP {status}",
             "the endpoint wants an API key and the one sent is missing or different",
-            "set sglang_server_api_key (or sglang_verify_api_key) to the key the server was deployed with",
+            "send the key the server was deployed with: sglang_server_api_key, else the generated one "
+            "(<inventory>/.credentials/sglang_api_key; sglang_verify_api_key overrides both)",
         )
     if status != 200:
         return check(
@@ -280,8 +283,107 @@ def judge_sanity(exchanges):
     return check("sanity", True, f"no U+FFFD in {answered} answer(s)")
 
 
-def judge_all(exchanges, expected_model):
-    """All checks in table order from the recorded exchanges {models, reasoning, tool_call}."""
+def _answer(exchange):
+    """How a request ended, in a few words: `HTTP 401`, or the transport error."""
+    if not exchange:
+        return "not asked"
+    if exchange.get("status"):
+        return f"HTTP {exchange['status']}"
+    return f"no answer ({str(exchange.get('error') or 'no error recorded')[:120]})"
+
+
+def judge_auth(exchanges, access):
+    """Who is served: without a key and with a wrong one HTTP 401, with the right one an answer (the models row).
+
+    ``access``: ``keyed`` (a key was sent with the other requests), ``allow_unauthenticated`` (serving without
+    a key is on purpose), ``key_file`` (where the generated key is expected).
+    """
+    anonymous, wrong = exchanges.get("unauthenticated"), exchanges.get("wrong_key")
+    if not access.get("keyed"):
+        if not access.get("allow_unauthenticated"):
+            where = access.get("key_file") or "<inventory>/.credentials/sglang_api_key"
+            return check(
+                "auth",
+                False,
+                f"no API key known: sglang_server_api_key is empty and {where} does not exist",
+                "the server role generates the key when it deploys; this inventory has not deployed one yet",
+                f"run playbooks/server.yml with this inventory (it writes {where}), or set sglang_server_api_key "
+                "to the deployed key",
+            )
+        if anonymous and anonymous.get("status") == 200:
+            return check(
+                "auth",
+                True,
+                "served without an API key (sglang_server_allow_unauthenticated: true): anyone who reaches the port "
+                "can use the model",
+                "serving without a key was asked for",
+                "set sglang_server_allow_unauthenticated: false (a key is generated beside the inventory) or set "
+                "sglang_server_api_key, then re-run playbooks/server.yml",
+                warn=True,
+            )
+        return check("auth", False, f"without a key: {_answer(anonymous)}, but no key is known to send",
+                     "the endpoint wants a key while sglang_server_allow_unauthenticated is true",
+                     "set sglang_server_api_key to the served key, or re-run playbooks/server.yml")
+    served = [name for name, ex in (("without a key", anonymous), ("with a wrong key", wrong))
+              if ex and ex.get("status") == 200]
+    if served:
+        return check(
+            "auth",
+            False,
+            f"served {' and '.join(served)} (without a key: {_answer(anonymous)}, wrong key: {_answer(wrong)})",
+            "SGLang runs without --api-key: the unit starts python3 -m sglang.launch_server, or the env file lacks "
+            "SGLANG_API_KEY",
+            "re-run playbooks/server.yml (it installs the key and the keyed launcher); see playbooks/doctor.yml",
+        )
+    if not (anonymous and anonymous.get("status") == 401 and wrong and wrong.get("status") == 401):
+        return check(
+            "auth",
+            False,
+            f"without a key: {_answer(anonymous)}, wrong key: {_answer(wrong)} (401 expected)",
+            "the endpoint did not refuse unauthenticated requests the way SGLang's API key check does",
+            "run playbooks/status.yml and playbooks/doctor.yml",
+        )
+    right = _answer(exchanges.get("models"))
+    return check("auth", True, f"without a key: HTTP 401, wrong key: HTTP 401, the right key: {right}")
+
+
+def judge_tls(exchanges, access):
+    """The certificate chain verifies against the CA clients trust, and plain HTTP gets no answer from the API."""
+    cert, plain = exchanges.get("certificate") or {}, exchanges.get("plain_http")
+    ca = access.get("ca") or "the system's trust store"
+    if cert.get("error") or not cert:
+        return check(
+            "tls",
+            False,
+            f"the certificate chain does not verify against {ca}: {cert.get('error') or 'not checked'}",
+            "the endpoint's certificate is not signed by that CA, has expired, or lacks the name used to reach the head",
+            "leave sglang_server_tls_cert/_key empty for a generated CA and certificate, or set sglang_server_tls_ca to "
+            "the CA of the given certificate and add the name clients use to sglang_server_tls_subject_alt_names; "
+            "re-run playbooks/server.yml",
+        )
+    if plain and plain.get("status") == 200:
+        return check(
+            "tls",
+            False,
+            "plain HTTP is served on the TLS port",
+            "something other than the TLS proxy answers on sglang_server_port",
+            "re-run playbooks/server.yml with sglang_server_tls: true; see playbooks/doctor.yml",
+        )
+    refused = "refused" if not (plain and plain.get("status")) else f"refused ({_answer(plain)})"
+    return check(
+        "tls",
+        True,
+        f"{cert.get('version', 'TLS')}, chain verifies against {ca}: {cert.get('subject', '?')} issued by "
+        f"{cert.get('issuer', '?')}, valid until {cert.get('not_after', '?')}; plain HTTP {refused}",
+    )
+
+
+def judge_all(exchanges, expected_model, access=None):
+    """All checks in table order from the recorded exchanges {models, reasoning, tool_call, ...}.
+
+    With ``access`` (what the deployment promises: see judge_auth, plus ``tls`` and ``ca``) the auth row and,
+    with TLS, the tls row follow.
+    """
     models, _ = judge_models(exchanges.get("models"), expected_model)
     results = [
         models,
@@ -289,6 +391,10 @@ def judge_all(exchanges, expected_model):
         judge_tool_call(exchanges.get("tool_call")),
         judge_sanity([exchanges.get(k) for k in ("models", "reasoning", "tool_call")]),
     ]
+    if access is not None:
+        results.append(judge_auth(exchanges, access))
+        if access.get("tls"):
+            results.append(judge_tls(exchanges, access))
     return {"ok": all(r["ok"] for r in results), "checks": results, "table": table(results)}
 
 
@@ -297,8 +403,9 @@ def table(results):
     width = max(len(r["name"]) for r in results)
     lines = [f"{'check'.ljust(width)}  result  detail"]
     for r in results:
-        lines.append(f"{r['name'].ljust(width)}  {'PASS' if r['ok'] else 'FAIL'}    {r['detail']}")
-        if not r["ok"]:
+        verdict = "FAIL" if not r["ok"] else "WARN" if r.get("warn") else "PASS"
+        lines.append(f"{r['name'].ljust(width)}  {verdict}    {r['detail']}")
+        if not r["ok"] or r.get("warn"):
             if r["diagnosis"]:
                 lines.append(f"{''.ljust(width)}  cause:  {r['diagnosis']}")
             if r["remedy"]:
