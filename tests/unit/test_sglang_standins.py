@@ -401,6 +401,16 @@ def test_api_key_is_required_when_set(serve):
     assert http(port, "/health")[0] == 200
 
 
+def test_api_key_check_is_sglangs(serve):
+    # srt/utils/auth.py: the Bearer scheme in any case, the exact key; /health* and /metrics* are never asked.
+    port, _ = serve(api_key="sk-local-test")
+    assert http(port, "/v1/models", headers={"Authorization": "bearer sk-local-test"})[0] == 200
+    assert http(port, "/v1/models", headers={"Authorization": "Bearer sk-local-tes"})[0] == 401
+    assert http(port, "/v1/models", headers={"Authorization": "sk-local-test"})[0] == 401
+    assert http(port, "/v1/chat/completions", {"messages": []}) == (401, {"error": "Unauthorized"})
+    assert http(port, "/health_generate")[0] != 401 and http(port, "/metrics")[0] != 401
+
+
 def test_rank0_serves_only_after_every_rank_joined_and_dies_with_a_peer(model_dir):
     port, dist = free_port(), free_port()
     head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist))

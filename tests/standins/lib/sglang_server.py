@@ -57,6 +57,7 @@ import argparse
 import collections
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -1455,10 +1456,15 @@ def make_handler(engine):
             self.event(b"[DONE]")
 
         def authorized(self):
+            """SGLang's --api-key check (srt/utils/auth.py): every path but /health* and /metrics* (liveness probes,
+            Prometheus) wants `Authorization: Bearer <key>` (the scheme in any case), compared in constant time;
+            anything else gets 401 {"error": "Unauthorized"}."""
             key = engine.args.api_key
-            if not key or self.path == "/health":
+            path = self.path.split("?", 1)[0]
+            if not key or self.command == "OPTIONS" or path.startswith(("/health", "/metrics")):
                 return True
-            if self.headers.get("Authorization") == f"Bearer {key}":
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode()):
                 return True
             self.send_json(401, {"error": "Unauthorized"})
             return False
