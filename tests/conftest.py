@@ -38,6 +38,7 @@ HEAVY_FIRST = (
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
     "test_day2.py",
+    "test_secure_endpoint.py",
     "test_doctor.py",
     "test_fabric.py",
     "test_verify.py",

@@ -42,7 +42,7 @@ BUNDLE_TASKS = {
     "Pack the bundle",
 }
 SHOW = "Show the node's state, last lines and findings"
-API_KEY = "sk-DoctorPlant3dKey0123456789"  # noqa: S105 - planted on purpose
+API_KEY = "sk-DoctorPlant3dKey0123456789abcdef"  # noqa: S105 - planted on purpose
 HF_TOKEN = "hf_PlantedTokenAbCdEfGh0123456789xyz"  # noqa: S105 - planted on purpose
 # Known to the doctor by neither value nor variable: only its shape can give it away.
 STRAY = "hf_StrayTokenQwErTy9876543210AbCdEf"  # noqa: S105 - planted on purpose

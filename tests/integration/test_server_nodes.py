@@ -22,6 +22,7 @@ import yaml
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
 from tests.lib.seed import SEED_FLAGS
+from tests.lib.supervised import api_key_header
 from tests.lib.unit_file import launch_args
 
 SERVER = "playbooks/server.yml"
@@ -118,7 +119,9 @@ def sglang_processes(node) -> str:
 
 def models(cluster) -> list[str]:
     head = cluster.nodes[0]
-    with urllib.request.urlopen(f"http://{head.mgmt_ip}:30000/v1/models", timeout=10) as resp:  # noqa: S310
+    # Secure by default: the key the server role generated beside the inventory.
+    request = urllib.request.Request(f"http://{head.mgmt_ip}:30000/v1/models", headers=api_key_header(cluster))
+    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310
         return [m["id"] for m in json.loads(resp.read())["data"]]
 
 

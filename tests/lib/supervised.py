@@ -54,11 +54,17 @@ def state(cluster) -> dict:
         return {}
 
 
+def api_key_header(cluster) -> dict:
+    """What a client sends: the API key the server role generated beside the inventory (secure by default)."""
+    key_file = cluster.inventory / ".credentials" / "sglang_api_key"
+    return {"Authorization": f"Bearer {key_file.read_text().strip()}"} if key_file.exists() else {}
+
+
 def generate(cluster, timeout: float = 10, model: str = "/models/glm53") -> bool:
     """One real generation through the head's endpoint, as a client on the management network asks it."""
     body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "17 × 23 = ?"}]}).encode()
     req = urllib.request.Request(f"http://{cluster.nodes[0].mgmt_ip}:30000/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **api_key_header(cluster)})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the simulated head's address
             return resp.status == 200 and bool(json.loads(resp.read())["choices"])

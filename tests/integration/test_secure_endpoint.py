@@ -1,0 +1,206 @@
+"""Secure by default, on simulated nodes: the generated API key, TLS through the distribution's real nginx
+on the head, and verify proving both.
+
+One pair, one TLS deployment (its first run at -vvv, whose output must not hold the key), a second
+run that changes nothing; the tests then read and ask, in file order: the key file, where the key is
+(and is not) on controller and nodes (the render never sees a generated key: tests/integration/test_render.py
+checks a given one stays out of it), who is served over TLS and plain HTTP, a stream token by token
+through the proxy, verify, status, check mode, the doctor's bundle; the last one turns TLS off again.
+The client side runs here, on the controller, as an operator's would (curl with the generated CA).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import tarfile
+
+import pytest
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import run_playbook
+from tests.lib.supervised import REVISION, UNIT, checkpoint_files
+
+READINESS = 300
+TLS = {"sglang_server_tls": True, "sglang_server_readiness_timeout": READINESS, "checkpoint_revision": REVISION}
+NGINX_CONF = "/etc/nginx/conf.d/sglang.conf"
+
+
+def sh(node, command, check=True, stdin=None):
+    if stdin is None:
+        return sim.ssh(node, command, check=check, timeout=120)
+    proc = subprocess.run([*sim.ssh_base(node), command], input=stdin, capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{node.name}: {command!r} failed: {proc.stderr}")
+    return proc.stdout
+
+
+def curl(url, *args, key=None):
+    """curl on the controller; a key goes in through stdin (-H @-), never onto a command line."""
+    header = f"Authorization: Bearer {key}\n" if key is not None else ""
+    proc = subprocess.run(["curl", "-sS", "--max-time", "30", "-o", "/dev/stderr", "-w", "%{http_code}",
+                           *(["-H", "@-"] if header else []), *args, url],
+                          input=header, capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip(), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def site(sim_cluster):
+    for n in sim_cluster.nodes:
+        # What checkpoint.yml and fabric.yml leave behind, in their smallest form (as tests/integration/test_day2.py).
+        sh(n, checkpoint_files() + " && (ip -o addr show dev enp1s0f1np1 | grep -q ' "
+              f"{n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
+    # Tokens a little apart, so a stream is many writes, as a real model's is.
+    sim.set_knobs(sim_cluster.instance, sim_cluster.nodes[0].name, {"sglang": {"token_seconds": 0.05}})
+    first = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=TLS, envvars={"ANSIBLE_VERBOSITY": "3"})
+    assert first.rc == 0, first.stdout[-4000:]
+    credentials = sim_cluster.inventory / ".credentials"
+    key = (credentials / "sglang_api_key").read_text().strip()
+    second = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=TLS)
+    assert second.rc == 0, second.stdout[-4000:]
+    head = sim_cluster.nodes[0]
+    return {"cluster": sim_cluster, "head": head, "first": first, "second": second, "key": key,
+            "credentials": credentials, "ca": str(credentials / "sglang-ca.crt"), "url": f"https://{head.mgmt_ip}:30000"}
+
+
+def test_the_key_is_generated_once_beside_the_inventory_0600_and_ignored_by_git(site):
+    credentials = site["credentials"]
+    assert oct(credentials.stat().st_mode & 0o777) == "0o700"
+    assert oct((credentials / "sglang_api_key").stat().st_mode & 0o777) == "0o600"
+    assert oct((credentials / "sglang-ca.key").stat().st_mode & 0o777) == "0o600"
+    assert oct((credentials / "sglang-ca.crt").stat().st_mode & 0o777) == "0o644"
+    assert (credentials / ".gitignore").read_text().splitlines()[-1] == "*"
+    key = site["key"]
+    assert len(key) == 48 and key.isalnum()
+    # Stable: the second run reused it and changed nothing anywhere.
+    assert (credentials / "sglang_api_key").read_text().strip() == key
+    assert [f"{d['host']}: {d['task']}" for d in site["second"].changed] == []
+    said = site["second"].results("Say where the API key lives (never the key)")["spark-0"]["msg"]
+    assert said.startswith(f"API key: {credentials / 'sglang_api_key'} on this controller (0600, reused)"), said
+    first = site["first"].results("Say where the API key lives (never the key)")["spark-0"]["msg"]
+    assert "(0600, generated now)" in first
+
+
+def test_the_key_is_in_no_output_command_line_or_readable_file(site):
+    key = site["key"]
+    # -vvv output and every event of both runs.
+    for run in (site["first"], site["second"]):
+        assert key not in run.stdout and key not in json.dumps(run.events)
+    assert "<<< caused by >>>" not in site["first"].stdout
+    for node in site["cluster"].nodes:
+        # Only the env file holds it, 0600; no world-readable file under /etc, no Ansible async job file.
+        holders = sh(node, "grep -rlF -f /dev/stdin /etc /root/.ansible_async /tmp /var/tmp 2>/dev/null || true",
+                     stdin=key + "\n").split()
+        assert holders == ["/etc/sglang/sglang.env"], (node.name, holders)
+        assert sh(node, "stat -c %a /etc/sglang/sglang.env /etc/sglang").split() == ["600", "700"]
+        # Not on any process's command line (the launcher reads it from the environment) nor in the arguments file.
+        argv = sh(node, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; cat /etc/sglang/server-args.json")
+        assert "--api-key" not in argv.split() and key not in argv, node.name
+    assert "python3 -c" in sh(site["head"], f"systemctl cat {UNIT}")
+
+
+def test_tls_with_the_generated_ca_and_the_key_only(site):
+    url, ca, key = site["url"] + "/v1/models", site["ca"], site["key"]
+    status, body = curl(url, "--cacert", ca, key=key)
+    assert status == "200" and json.loads(body)["data"][0]["id"] == "/models/glm53", body
+    assert curl(url, "--cacert", ca) == ("401", '{"error": "Unauthorized"}')
+    assert curl(url, "--cacert", ca, key="wrong-" + key)[0] == "401"
+    # The chain is the generated CA's, not one the system trusts; plain HTTP gets nginx's refusal, not the API.
+    status, err = curl(url, key=None)
+    assert status == "000" and "SSL certificate problem" in err, err
+    status, body = curl(url.replace("https://", "http://"))
+    assert status == "400" and "plain HTTP request was sent to HTTPS port" in body
+    # SGLang itself listens on the head's loopback only, and checks the key there too.
+    head = site["head"]
+    assert curl(f"http://{head.mgmt_ip}:30001/v1/models")[0] == "000"
+    assert sh(head, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30001/v1/models") == "401"
+    assert sh(head, "systemctl is-enabled nginx; systemctl is-active nginx").split() == ["enabled", "active"]
+    assert sh(head, "test -e /etc/nginx/sites-enabled/default && echo there || echo gone").strip() == "gone"
+    assert sh(head, "stat -c %a /etc/sglang/tls/server.key").strip() == "600"
+
+
+def test_a_streamed_completion_arrives_token_by_token_through_the_proxy(site):
+    head = site["head"]
+    body = json.dumps({"model": "/models/glm53", "stream": True, "max_tokens": 512,
+                       "messages": [{"role": "user", "content": "17 × 23 = ?"}]}).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {head.mgmt_ip}:30000\r\n"
+               f"Authorization: Bearer {site['key']}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    context = ssl.create_default_context(cafile=site["ca"])
+    reads = []
+    with socket.create_connection((head.mgmt_ip, 30000), timeout=60) as raw, \
+            context.wrap_socket(raw, server_hostname=head.mgmt_ip) as tls:
+        tls.sendall(request)
+        while data := tls.recv(65536):
+            reads.append(data)
+    text = b"".join(reads).decode()
+    assert text.startswith("HTTP/1.1 200") and "text/event-stream" in text
+    events = [line for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) > 15
+    # Token by token: the events came in many separate reads, each with only part of the stream,
+    # not as one buffered answer at the end.
+    with_events = [r for r in reads if b"data: " in r]
+    assert len(with_events) >= 10, [len(r) for r in reads]
+    deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in events[:-1] if json.loads(e[6:])["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "391"
+
+
+def test_verify_proves_the_key_and_the_tls_chain(site, tmp_path):
+    report = tmp_path / "verify.json"
+    result = run_playbook("playbooks/verify.yml", site["cluster"].inventory,
+                          extravars={**TLS, "sglang_verify_report_path": str(report)})
+    assert result.rc == 0, result.stdout[-3000:]
+    checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    assert checks["auth"]["detail"] == "without a key: HTTP 401, wrong key: HTTP 401, the right key: HTTP 200"
+    assert checks["tls"]["ok"] and f"chain verifies against {site['ca']}" in checks["tls"]["detail"]
+    assert checks["tls"]["detail"].endswith("plain HTTP refused (HTTP 400)")
+    assert site["key"] not in report.read_text() and site["key"] not in json.dumps(result.events)
+    # Against a CA that did not sign the head's certificate (the system's store) the chain check fails.
+    result = run_playbook("playbooks/verify.yml", site["cluster"].inventory, extravars={
+        **TLS, "sglang_verify_report_path": str(report), "sglang_verify_tls_ca": "/etc/ssl/certs/ca-certificates.crt"})
+    assert result.rc != 0
+    tls = {c["name"]: c for c in json.loads(report.read_text())["checks"]}["tls"]
+    assert not tls["ok"] and "CERTIFICATE_VERIFY_FAILED" in tls["detail"]
+
+
+def test_status_asks_over_tls_with_the_key(site):
+    result = run_playbook("playbooks/status.yml", site["cluster"].inventory, extravars=TLS)
+    assert result.rc == 0, result.stdout[-3000:]
+    line = result.results("Show one line per node")["spark-0"]["msg"]
+    assert "endpoint healthy, serves /models/glm53" in line, line
+    assert site["key"] not in result.stdout
+
+
+def test_check_mode_on_the_secured_site_changes_nothing(site):
+    result = run_playbook("playbooks/server.yml", site["cluster"].inventory, extravars=TLS, check=True, diff=True)
+    assert result.rc == 0, result.stdout[-3000:]
+    assert [f"{d['host']}: {d['task']}" for d in result.changed] == []
+    assert site["key"] not in result.stdout
+
+
+def test_the_doctor_bundle_holds_no_key(site, tmp_path):
+    result = run_playbook("playbooks/doctor.yml", site["cluster"].inventory,
+                          extravars={**TLS, "sglang_doctor_bundle_dir": str(tmp_path)})
+    assert result.rc == 0, result.stdout[-3000:]
+    bundles = list(tmp_path.glob("*.tar.gz"))
+    assert len(bundles) == 1
+    with tarfile.open(bundles[0]) as tar:
+        texts = [tar.extractfile(m).read().decode("utf-8", "replace") for m in tar.getmembers() if m.isfile()]
+    assert texts and not [t for t in texts if site["key"] in t]
+    assert any("SGLANG_API_KEY=<redacted>" in t for t in texts)
+    assert site["key"] not in result.stdout
+
+
+def test_turning_tls_off_gives_the_port_back_to_sglang(site):
+    head, key = site["head"], site["key"]
+    result = run_playbook("playbooks/server.yml", site["cluster"].inventory,
+                          extravars={**TLS, "sglang_server_tls": False})
+    assert result.rc == 0, result.stdout[-4000:]
+    assert sh(head, f"test -e {NGINX_CONF} && echo there || echo gone").strip() == "gone"
+    # The run ended once the head listed the model on sglang_server_port again.
+    url = f"http://{head.mgmt_ip}:30000/v1/models"
+    assert curl(url, key=key)[0] == "200"
+    assert curl(url)[0] == "401"
+    assert curl(url.replace("http://", "https://"), "--cacert", site["ca"])[0] == "000"
