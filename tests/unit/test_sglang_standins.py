@@ -434,6 +434,31 @@ def test_rank0_serves_only_after_every_rank_joined_and_dies_with_a_peer(model_di
             stop(worker)
 
 
+def test_rank0_keeps_its_tcpstore_listening_on_every_address_while_the_group_serves(model_dir):
+    # torch's TCPStore server on rank 0 lives as long as the process group, bound to every address:
+    # what a firewall must close on the management network, since the ranks no longer need it there.
+    port, dist = free_port(), free_port()
+    head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist))
+    worker = start_server(server_args(model_dir, free_port(), nnodes=2, rank=1, dist_port=dist))
+    held = []
+    try:
+        wait_ready(port, head)
+        # Another address of this machine than --dist-init-addr's: the store listens on all of them.
+        held = [socket.create_connection((address, dist), timeout=5) for address in (LOOPBACK, "127.0.0.2")]
+        held[0].sendall(b"not a store request\n")
+        assert not select.select(held, [], [], 0.5)[0], "the store closed a connection it was given"
+        assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"
+        for sock in held:
+            sock.close()
+        assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"
+        assert head.poll() is None and worker.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        stop(head)
+        stop(worker)
+
+
 def test_ranks_with_different_arguments_refuse_to_form_a_group(model_dir):
     port, dist = free_port(), free_port()
     head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist))

@@ -483,7 +483,31 @@ class Group:
             log(f"Rank {rank} joined from {addr[0]}", 0)
         for lines in self.peers.values():
             send(lines.conn, {"ok": True})
-        server.close()
+        # torch's TCPStore server lives as long as the process group: it keeps listening on every
+        # address and serves whoever connects (a later client, a port scan) without the group noticing.
+        threading.Thread(target=self.store_serve, args=(server,), name="tcpstore", daemon=True).start()
+
+    @staticmethod
+    def store_serve(server):
+        """Accept and hold every later connection to the store until its client closes it."""
+        clients = []
+        while True:
+            ready, _, _ = select.select([server, *clients], [], [])
+            for sock in ready:
+                if sock is server:
+                    try:
+                        clients.append(server.accept()[0])
+                    except OSError:
+                        pass
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    clients.remove(sock)
+                    sock.close()
+
 
     def store_client(self):
         deadline = time.monotonic() + self.timeout
