@@ -1,0 +1,125 @@
+#!/usr/bin/python
+"""Read what the sglang_firewall role needs from a node, in one round trip, changing nothing."""
+
+# Ansible module layout: the documentation blocks come before the imports.
+# ruff: noqa: E402
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_firewall_probe
+short_description: Read a node's addresses, the controller's SSH session and the firewall table
+description:
+  - For the sglang_firewall role's internal use; options and return values may change with the role.
+  - Reads, before the role changes anything, every interface's addresses (the head's management
+    subnet is the default client range), the SSH session the module runs in as the node sees it
+    (the controller's address), whether C(nft) is installed and whether the role's table is loaded.
+  - The SSH session is read from the module's environment, or, where C(become) reset it, from the
+    nearest ancestor process's (the login shell that sshd started).
+version_added: "1.2.0"
+author: spark-deploy maintainers
+options:
+  table:
+    description: The table to look for, as C(family name).
+    type: str
+    required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; it runs the same in check mode.
+  diff_mode:
+    support: N/A
+    details: Never changes anything.
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Read the node
+  sglang_firewall_probe:
+    table: inet sglang_guard
+  register: __sglang_firewall_probe
+"""
+
+RETURN = r"""
+addrs:
+  description: C(ip -j addr show) (every interface); empty when it cannot be read.
+  returned: always
+  type: list
+  elements: dict
+ssh_connection:
+  description: C(SSH_CONNECTION) of the session (client address, port, server address, port); empty without SSH.
+  returned: always
+  type: str
+nft:
+  description: The path of C(nft), empty when it is not installed.
+  returned: always
+  type: str
+table_loaded:
+  description: Whether O(table) is in the running ruleset.
+  returned: always
+  type: bool
+"""
+
+import json
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(p.decode("utf-8", "replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def _parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def ssh_connection():
+    """SSH_CONNECTION of this process, or of its nearest ancestor that has it (sudo resets the environment)."""
+    if os.environ.get("SSH_CONNECTION"):
+        return os.environ["SSH_CONNECTION"]
+    pid = os.getppid()
+    for _ in range(16):
+        if pid <= 1:
+            break
+        value = _environ(pid).get("SSH_CONNECTION")
+        if value:
+            return value
+        pid = _parent(pid)
+    return ""
+
+
+def main():
+    module = AnsibleModule(argument_spec={"table": {"type": "str", "required": True}}, supports_check_mode=True)
+    addrs = []
+    ip = module.get_bin_path("ip")
+    if ip:
+        rc, out, _err = module.run_command([ip, "-j", "addr", "show"])
+        if rc == 0:
+            try:
+                addrs = json.loads(out or "[]")
+            except ValueError:
+                addrs = []
+    nft = module.get_bin_path("nft") or shutil.which("nft", path="/usr/sbin:/sbin") or ""
+    loaded = False
+    if nft:
+        rc, _out, _err = module.run_command([nft, "list", "table", *module.params["table"].split()])
+        loaded = rc == 0
+    module.exit_json(changed=False, addrs=addrs, ssh_connection=ssh_connection(), nft=nft, table_loaded=loaded)
+
+
+if __name__ == "__main__":
+    main()

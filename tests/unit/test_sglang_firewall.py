@@ -1,0 +1,251 @@
+"""The sglang_firewall role's plan filter and probe: who may connect, and what would cut the controller off.
+
+The rules are data that the template prints and the checks evaluate, so the packets run through
+`sglang_firewall_verdict` here are the ones the nftables table on a node decides the same way
+(tests/integration/test_firewall.py proves it there).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.lib.role_module import REPO
+from tests.lib.roles import filter_plugin, role_defaults
+
+fw = filter_plugin("sglang_firewall")
+
+HEAD, WORKER = "spark-0", "spark-1"
+CONTROLLER = "10.0.0.1"
+NAMES = {"allowed_clients": "sglang_server_allowed_clients", "http_port": "sglang_server_port",
+         "dist_ports": "sglang_server_dist_init_port"}
+
+
+def route(src, gateway=None):
+    answer = {"dst": "x", "dev": "eth0", "prefsrc": src, "flags": [], "uid": 0, "cache": []}
+    if gateway:
+        answer["gateway"] = gateway
+    return [answer]
+
+
+def probe(addresses=(("enP7s7", "10.0.0.10", 24),), ssh=""):
+    addrs = [{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]}]
+    addrs += [{"ifname": i, "addr_info": [{"family": "inet6" if ":" in a else "inet", "local": a, "prefixlen": p}]}
+              for i, a, p in addresses]
+    return {"addrs": addrs, "ssh_connection": ssh, "nft": "/usr/sbin/nft", "table_loaded": False}
+
+
+def context(host=HEAD, **changes):
+    ctx = {
+        "host": host, "head": HEAD, "nodes": [HEAD, WORKER], "allowed_clients": [], "http_port": 30000,
+        "dist_ports": [20000], "fabric_interface": "enp1s0f1np1", "ssh_port": 22, "connection": "ssh",
+        "must_reach": True, "names": NAMES,
+        "fabric_ips": {HEAD: "192.168.100.10", WORKER: "192.168.100.11"},
+        "management": {HEAD: "10.0.0.10", WORKER: "10.0.0.11"},
+        "routes": {"10.0.0.10": route(CONTROLLER), "10.0.0.11": route(CONTROLLER)},
+        "probe": None, "head_probe": None,
+    }
+    ctx.update(changes)
+    return ctx
+
+
+def plan(**changes):
+    return fw.sglang_firewall_plan(context(**changes))
+
+
+def verdict(p, saddr, daddr, dport, iif="enP7s7"):
+    return fw.sglang_firewall_verdict(p, {"saddr": saddr, "daddr": daddr, "dport": dport, "iif": iif})[0]
+
+
+def test_defaults_match_the_wiring_fallbacks():
+    defaults = role_defaults("sglang_firewall")
+    server = role_defaults("sglang_server")
+    assert defaults["sglang_firewall_allowed_clients"] == server["sglang_server_allowed_clients"] == []
+    assert defaults["sglang_firewall_http_port"] == server["sglang_server_port"]
+    assert defaults["sglang_firewall_dist_ports"] == [server["sglang_server_dist_init_port"]]
+
+
+def test_the_default_range_is_the_heads_management_subnet_read_on_the_head():
+    p = plan(probe=probe(), allowed_clients=[])
+    assert p["errors"] == []
+    assert p["clients"] == {"ip": ["10.0.0.0/24"], "ip6": []}
+    assert "the head's management subnet 10.0.0.0/24 (spark-0's enP7s7" in p["clients_source"]
+    assert verdict(p, CONTROLLER, "10.0.0.10", 30000) == "accept"
+    assert verdict(p, "10.0.1.5", "10.0.0.10", 30000) == "drop"
+    assert verdict(p, "fd00::5", "10.0.0.10", 30000) == "drop"
+
+
+def test_before_contact_the_default_range_is_not_known_and_not_refused():
+    p = plan(allowed_clients=[])
+    assert p["errors"] == [] and not p["clients_known"]
+
+
+def test_a_head_without_its_management_address_on_an_interface_is_refused():
+    p = plan(probe=probe(addresses=(("enP7s7", "10.9.9.9", 24),)))
+    assert any("no interface of spark-0 holds its management address '10.0.0.10'" in e and "Fix:" in e
+               for e in p["errors"]), p["errors"]
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    (["10.0.0.0/33"], "sglang_server_allowed_clients[0] = '10.0.0.0/33': does not parse as an IPv4 or IPv6 network"),
+    (["not-a-cidr"], "sglang_server_allowed_clients[0] = 'not-a-cidr': does not parse"),
+    (["10.0.0.7/24"], "has host bits set, so it does not say whether the subnet or the one host is meant. "
+                      "Fix: '10.0.0.0/24' for the subnet, or '10.0.0.7/32' for that host alone."),
+    (["fe80::1%eth0"], "(no interface zone)"),
+    ([5], "sglang_server_allowed_clients[0] = 5: not a network"),
+    ("10.0.0.0/24", "sglang_server_allowed_clients = '10.0.0.0/24': must be a list"),
+    ({"a": 1}, "must be a list of networks"),
+])
+def test_unusable_client_ranges_are_refused(value, fragment):
+    errors = plan(allowed_clients=value)["errors"]
+    assert any(fragment in e and "Fix:" in e for e in errors), errors
+
+
+def test_addresses_and_ipv6_networks_are_accepted():
+    p = plan(allowed_clients=[CONTROLLER, "fd00::/64", "10.0.0.0/24"])
+    assert p["errors"] == []
+    assert p["clients"] == {"ip": ["10.0.0.1/32", "10.0.0.0/24"], "ip6": ["fd00::/64"]}
+    assert verdict(p, "fd00::9", "10.0.0.10", 30000) == "accept"
+
+
+def test_a_range_that_excludes_the_controller_is_refused_with_the_fix():
+    errors = plan(allowed_clients=["10.0.0.128/25"],
+                  routes={"10.0.0.10": route("192.168.5.7", gateway="10.0.0.254")})["errors"]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("sglang_server_allowed_clients = ['10.0.0.128/25']: excludes the controller "
+                                "(192.168.5.7: the source address of the controller's route to spark-0 (10.0.0.10) "
+                                "via the gateway 10.0.0.254)")
+    assert "Fix: add the controller, e.g. sglang_server_allowed_clients: ['10.0.0.128/25', '192.168.5.7/32'], or " \
+           "verify from the head itself (sglang_verify_run_on: head)." in errors[0]
+
+
+def test_the_default_range_excluding_the_controller_is_refused_on_the_head():
+    errors = plan(probe=probe(ssh="192.168.5.7 50000 10.0.0.10 22"))["errors"]
+    assert any("sglang_server_allowed_clients = [] (the default: the head's management subnet 10.0.0.0/24" in e
+               and "192.168.5.7: the address the node sees the controller's SSH session come from" in e
+               and "['10.0.0.0/24', '192.168.5.7/32']" in e for e in errors), errors
+
+
+def test_verify_from_the_head_lets_the_range_exclude_the_controller():
+    assert plan(allowed_clients=["10.0.0.128/25"], must_reach=False)["errors"] == []
+    # Only the head serves HTTP: a worker's plan has no such check, and no HTTP rule.
+    worker = plan(host=WORKER, allowed_clients=["10.0.0.128/25"])
+    assert worker["errors"] == [] and "http_port" not in worker["chains"] and worker["dist_ports"] == []
+
+
+def test_the_node_sees_the_controller_over_ssh_rather_than_the_route():
+    # NAT or another path: what the node sees wins over the controller's own source address.
+    p = plan(allowed_clients=["10.0.0.0/24"], routes={"10.0.0.10": route("172.16.0.9")},
+             probe=probe(ssh="10.0.0.99 50000 10.0.0.10 22"))
+    assert p["errors"] == [] and p["controller"]["address"] == "10.0.0.99"
+
+
+def test_a_local_controller_is_the_node_itself():
+    assert plan(allowed_clients=["10.0.0.128/25"], connection="local")["errors"] == []
+
+
+@pytest.mark.parametrize(("changes", "fragment"), [
+    ({"dist_ports": [22]}, "ansible_port = 22: the controller's SSH to spark-0 (10.0.0.10 port 22, from 10.0.0.1: "
+                           "the source address of the controller's route to spark-0 (10.0.0.10)) would be dropped by "
+                           "the firewall, cutting this run off the node: sglang_server_dist_init_port = 22 (the TCPStore"),
+    ({"dist_ports": [2222], "ssh_port": 2222}, "Fix: choose a sglang_server_dist_init_port other than the SSH port 2222."),
+    ({"http_port": 22, "allowed_clients": ["10.0.0.128/25"], "must_reach": False},
+     "SSH and SGLang's HTTP server cannot share port 22"),
+    ({"management": {HEAD: "192.168.100.10", WORKER: "10.0.0.11"},
+      "routes": {"192.168.100.10": route(CONTROLLER)}},
+     "connect to spark-0 by its management address (ansible_host), not by its fabric address"),
+])
+def test_rules_that_would_cut_the_controllers_ssh_are_refused(changes, fragment):
+    errors = plan(**changes)["errors"]
+    assert any(fragment in e for e in errors), errors
+
+
+def test_the_workers_ssh_is_checked_on_the_worker():
+    errors = plan(host=WORKER, dist_ports=[22])["errors"]
+    # The dist-init port is the head's only: a worker's SSH is not cut by it.
+    assert errors == []
+    errors = plan(host=WORKER, management={HEAD: "10.0.0.10", WORKER: "192.168.100.11"},
+                  routes={"192.168.100.11": route(CONTROLLER), "10.0.0.10": route(CONTROLLER)})["errors"]
+    assert any("the controller's SSH to spark-1 (192.168.100.11 port 22" in e for e in errors), errors
+
+
+def test_verdicts_of_the_head_table():
+    p = plan(allowed_clients=["10.0.0.0/24"])
+    # Loopback always; the peer on the fabric reaches the rendezvous and the fabric address.
+    assert verdict(p, "127.0.0.1", "127.0.0.1", 30000, iif="lo") == "accept"
+    assert verdict(p, "10.5.5.5", "10.0.0.10", 20000, iif="lo") == "accept"
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 20000, iif="enp1s0f1np1") == "accept"
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 41234, iif="enp1s0f1np1") == "accept"
+    # The same peer address from elsewhere, anyone on the management network, a stranger on the fabric: dropped.
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 20000) == "drop"
+    assert verdict(p, "10.0.0.11", "10.0.0.10", 20000) == "drop"
+    assert verdict(p, "192.168.100.99", "192.168.100.10", 41234, iif="enp1s0f1np1") == "drop"
+    # The HTTP port: the allowed clients only, the peers on the fabric included.
+    assert verdict(p, "10.0.0.50", "10.0.0.10", 30000) == "accept"
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 30000, iif="enp1s0f1np1") == "drop"
+    # Nothing else is this table's business: SSH and any other port continue to the rest of the ruleset.
+    assert verdict(p, "203.0.113.9", "10.0.0.10", 22) is None
+    assert verdict(p, "203.0.113.9", "10.0.0.10", 8080) is None
+
+
+def test_the_rules_text_is_printed_from_the_rules_checked():
+    p = plan(allowed_clients=["10.0.0.0/24", "fd00::/64"])
+    assert p["rules"]["input"] == [
+        'iif "lo" accept comment "loopback: always allowed"',
+        "tcp dport 30000 jump http_port",
+        'iifname "enp1s0f1np1" ip saddr @fabric_peers accept comment "the TP group\'s peers on the fabric"',
+        "jump rank_ports",
+    ]
+    assert p["rules"]["http_port"] == ["ip saddr @http_clients_ip accept", "ip6 saddr @http_clients_ip6 accept",
+                                       'counter drop comment "sglang http: not an allowed client"']
+    assert p["rules"]["rank_ports"] == [
+        'tcp dport { 20000 } counter drop comment "dist-init (TCPStore): fabric peers only"',
+        'ip daddr 192.168.100.10 counter drop comment "NCCL/Gloo on the fabric address: fabric peers only"',
+    ]
+    # No drop in the base chain: the fabric role, which opens dropping input chains to the peers, leaves it be.
+    assert not any(" drop" in rule for rule in p["rules"]["input"])
+    assert p["sets"]["fabric_peers"]["elements"] == ["192.168.100.11"]
+
+
+def test_other_settings_are_checked_too():
+    errors = plan(http_port="abc", dist_ports=["x"], fabric_interface="bad name!", must_reach="yes",
+                  fabric_ips={HEAD: "", WORKER: "192.168.100.11"})["errors"]
+    text = "\n".join(errors)
+    for fragment in ("sglang_server_port = 'abc'", "sglang_server_dist_init_port = ['x']", "= 'bad name!'",
+                     "sglang_firewall_controller_must_reach = 'yes'", "hostvars['spark-0'].spark_fabric_ip = ''"):
+        assert fragment in text, text
+
+
+def test_route_commands_take_addresses_only():
+    assert fw.sglang_firewall_route_commands(["10.0.0.10", "spark-0.lan", "10.0.0.10 ; rm -rf /", "fd00::0001"]) == {
+        "10.0.0.10": "ip -j route get 10.0.0.10 2>/dev/null || echo '[]'",
+        "fd00::1": "ip -j route get fd00::1 2>/dev/null || echo '[]'",
+    }
+
+
+PROBE = REPO / "roles" / "sglang_firewall" / "library" / "sglang_firewall_probe.py"
+
+
+def run_probe(tmp_path, shell_env: dict, module_env: dict) -> dict:
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"table": "inet sglang_guard_unit_test"}}))
+    # The module's parent (sh) has shell_env; the module itself module_env, as after sudo's reset.
+    unset = " ".join(f"-u {k}" for k in shell_env if k not in module_env)
+    set_ = " ".join(f"{k}={v!r}" for k, v in module_env.items())
+    command = f"env {unset} {set_} {sys.executable} {PROBE} {args}; true"
+    proc = subprocess.run(["sh", "-c", command], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **shell_env},
+                          capture_output=True, text=True, timeout=60, check=False)
+    return json.loads(proc.stdout)
+
+
+def test_the_probe_reads_the_ssh_session_from_its_environment_or_an_ancestors(tmp_path):
+    seen = "10.0.0.1 50000 10.0.0.10 22"
+    assert run_probe(tmp_path, {"SSH_CONNECTION": seen}, {"SSH_CONNECTION": seen})["ssh_connection"] == seen
+    # become (sudo) resets the environment: the login shell above still has it.
+    result = run_probe(tmp_path, {"SSH_CONNECTION": seen}, {})
+    assert result["ssh_connection"] == seen and result["changed"] is False
+    assert isinstance(result["addrs"], list) and result["table_loaded"] is False
+    assert run_probe(tmp_path, {}, {})["ssh_connection"] == ""
