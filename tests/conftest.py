@@ -35,6 +35,7 @@ from tests.lib import node_state
 HEAVY_FIRST = (
     "test_supervisor.py",
     "test_server_nodes.py",
+    "test_firewall.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
     "test_day2.py",

@@ -270,6 +270,21 @@ def power_cycle(instance: str, node_names, off_seconds: float = 0.0, timeout: fl
     return nodes
 
 
+def client_address(instance: str, host: int = 250) -> str:
+    """A second address of this machine on the instance's management bridge, `{MGMT_BASE}.<index>.<host>`:
+    a socket bound to it reaches the nodes as another machine on their network would, from an
+    address that is not the controller's (the bridge's own address stays the source the kernel
+    picks). Added once; it goes with the bridge when the instance is torn down."""
+    with _lock():
+        c = _load(instance)
+        taken = {c.bridge_ip, *(n.mgmt_ip for n in c.nodes)}
+        address = f"{MGMT_BASE}.{c.index}.{host}"
+        if not 2 <= host <= 254 or address in taken:
+            raise ValueError(f"harness: {address} is not free on {c.bridge}")
+        run(["ip", "addr", "replace", f"{address}/24", "dev", c.bridge])
+    return address
+
+
 def instance_nodes(instance: str) -> list[Node]:
     return list(_load(instance).nodes)
 
