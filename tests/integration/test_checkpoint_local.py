@@ -1,8 +1,9 @@
 """The checkpoint playbook end to end on this machine, with the REAL huggingface_hub client.
 
 Two inventory hosts with a local connection stand for the head and a worker, each with its own
-model directory; the worker's "fabric" is a remote shell that runs rsync's far side locally. The
-hub is the local emulator on 127.0.0.1, which counts the bytes it serves per file.
+model directory; the worker's "fabric" is a remote shell that runs rsync's far side locally (the
+site: tests/lib/checkpoint_site.py). The hub is the local emulator on 127.0.0.1, which counts the
+bytes it serves per file.
 """
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.lib.checkpoint_site import make_site, play
 from tests.lib.playbook import REPO, run_playbook
 from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
@@ -31,41 +31,6 @@ def hub(tmp_path_factory):
     with HubEmulator(root) as emulator:
         emulator.info = info
         yield emulator
-
-
-def make_site(base: Path, hub: HubEmulator) -> dict:
-    base.mkdir(parents=True, exist_ok=True)
-    rsh = base / "fake-rsh"
-    rsh.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
-    rsh.chmod(rsh.stat().st_mode | stat.S_IXUSR)
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    # Distinct fabric addresses, as the inventory check demands (the fake rsh never dials them).
-    inventory = {"spark": {"children": {
-        "spark_head": {"hosts": {"spark-0": {**common, "spark_fabric_ip": "127.0.0.1",
-                                             "spark_model_dir": str(base / "head" / "glm53")}}},
-        "spark_workers": {"hosts": {"spark-1": {**common, "spark_fabric_ip": "127.0.0.2",
-                                                "spark_model_dir": str(base / "worker" / "glm53")}}},
-    }}}
-    (base / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    return {
-        "inventory": base / "hosts.yml",
-        "head": base / "head" / "glm53",
-        "worker": base / "worker" / "glm53",
-        "vars": {
-            "checkpoint_revision": hub.info["new"],
-            "checkpoint_hf_endpoint": hub.url,
-            # The toolchain venv already holds the pinned client, so the install task has nothing to do.
-            "checkpoint_venv_dir": str(Path(sys.executable).parent.parent),
-            "checkpoint_sync_ssh_command": str(rsh),
-            "checkpoint_progress_interval": 1,
-            "checkpoint_disk_reserve_bytes": 0,
-        },
-    }
-
-
-def play(site: dict, check: bool = False, **extra):
-    return run_playbook("playbooks/checkpoint.yml", site["inventory"], extravars={**site["vars"], **extra},
-                        check=check, timeout=900)
 
 
 def real_changes(result) -> list[str]:

@@ -272,12 +272,16 @@ class HubEmulator:
             hold = self.holds.get(path)
         return bool(hold) and hold["reached"].wait(timeout)
 
-    def release(self, path: str | None = None) -> None:
-        """Let held bodies go on (all when ``path`` is None)."""
+    def release(self, path: str | None = None, abort: bool = False) -> None:
+        """Let held bodies go on (all when ``path`` is None); ``abort``: end them there instead.
+
+        Abort is for a client that is gone (killed): nothing more is written or counted for it.
+        """
         with self.lock:
             names = [path] if path is not None else list(self.holds)
             holds = [self.holds.pop(n) for n in names if n in self.holds]
         for hold in holds:
+            hold["abort"] = abort
             hold["go"].set()
 
     def _pace(self, nbytes: int) -> None:
@@ -549,6 +553,9 @@ class _Handler(BaseHTTPRequestHandler):
                         hold["reached"].set()
                         # Bounded, so a test that forgets to release cannot hang the server for ever.
                         hold["go"].wait(600)
+                        if hold.get("abort"):
+                            self.close_connection = True
+                            return
                         hold = None
                         continue
                 if cut is not None and pos + n > cut:

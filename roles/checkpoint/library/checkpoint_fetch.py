@@ -735,7 +735,6 @@ def main() -> None:
         result["changed"] = True
         if not module.check_mode:
             atomic_write(record_path, (json.dumps(record, indent=1) + "\n").encode(), 0o644)
-    result["record"] = record
     files = record["files"]
 
     def url_of(name: str) -> str:
@@ -765,6 +764,8 @@ def main() -> None:
         else:
             msg += " Fix: run without --check: the run downloads them for review and prints the lines to paste."
         module.fail_json(msg=msg, **result)
+    # Only now: a play reads the source host's record to feed the other hosts.
+    result["record"] = record
     if p["record_only"]:
         module.exit_json(**result)
 

@@ -15,12 +15,13 @@ description:
     stamp vouches.
   - Compares O(model_dir) with the record written by M(checkpoint_fetch) (file names, sizes, sha256 of
     LFS files, git blob sha1 of the others). Needs no network and no third-party Python package.
-  - First the file set, before any byte is hashed, failing at once (whatever O(fail_on_problems)
-    says, since hashing cannot fix them) on files the record does not list (never deleted), on
-    code-like files (C(*.py), C(*.sh), C(*.so), any file with an execute bit, any symlink) the record
-    does not list, and on code files the record lists but O(trusted_code_files) does not pin by
-    name and sha256, since the server runs with C(--trust-remote-code) and would execute them. The
-    refusal prints the YAML to paste after review when the file's content is known.
+  - First the file set, failing at once whatever O(fail_on_problems) says, since hashing cannot fix
+    it. Files the record does not list (never deleted) and code-like files (C(*.py), C(*.sh),
+    C(*.so), any file with an execute bit, any symlink) it does not list are refused before a byte
+    is read. Code files the record lists are read next, alone, and refused unless
+    O(trusted_code_files) pins each by name and sha256, since the server runs with
+    C(--trust-remote-code) and would execute them; the refusal prints the YAML to paste after
+    review when the file's content is known. No weight is hashed before.
   - Fast mode (seconds) checks every size, the content of every file that is not a weight shard
     (so a stale C(model-input-scales.safetensors), replaced upstream on 2026-08-30, is caught), the
     shard count, that C(model.safetensors.index.json) references exactly the shards present, that
@@ -373,6 +374,7 @@ def memory_of(stamp, cache, record: dict) -> tuple[list[dict], int | None]:
 
 def refusal_message(model_dir: str, revision: str, *, extra, refused_local, unpinned, mispinned,
                     code_info: dict) -> str:
+    """Why the directory is refused, each part with its fix; the code files' YAML when their content is known."""
     parts = []
     if refused_local:
         parts.append(f"code-like files not in the pinned record {refused_local[:10]} would be executed by the "
@@ -396,7 +398,8 @@ def refusal_message(model_dir: str, revision: str, *, extra, refused_local, unpi
         parts.append(f"{len(extra)} files not in the record of {revision}: {extra[:10]}. They are never deleted "
                      "automatically. Fix: remove them from the model directory (or move them elsewhere), "
                      "then run again")
-    return f"refusing {model_dir} before hashing anything: " + "; ".join(parts)
+    before = "before hashing anything" if extra or refused_local else "before hashing any weight"
+    return f"refusing {model_dir} {before}: " + "; ".join(parts)
 
 
 def main() -> None:
@@ -509,8 +512,23 @@ def main() -> None:
                 hashed_bytes += files[name]["size"]
                 digests[name] = {"st": st, "got": got}
 
-    # Code files of the record are read first (they are small): their content decides whether the
-    # directory is refused, and the refusal should print the lines to paste.
+    unpinned = [n for n in code_names if n not in trusted]
+
+    def refuse(mispinned: list[str]) -> None:
+        result.update(missing=missing, wrong_size=wrong_size, extra=extra,
+                      refused=sorted(set(refused_local) | set(unpinned) | set(mispinned)),
+                      code_files=[code_info[n] for n in code_names], hashed=sorted(digests),
+                      hashed_bytes=hashed_bytes, seconds=round(time.monotonic() - started, 3))
+        drop_stamp()
+        module.fail_json(msg=refusal_message(model_dir, revision, extra=extra, refused_local=refused_local,
+                                             unpinned=unpinned, mispinned=mispinned, code_info=code_info),
+                         **result)
+
+    # Files the directory must not hold: no byte is read, hashing cannot fix them.
+    if extra or refused_local:
+        refuse([])
+    # Code files of the record are read next, alone (they are small): their content decides whether
+    # the directory is refused, and the refusal prints the lines to paste.
     code_present = [n for n in code_names if n in present]
     hash_many(code_present)
     for name in code_present:
@@ -518,19 +536,11 @@ def main() -> None:
         algo, want = record_hash(files[name])
         if got is not None and got.get(algo) == want:
             code_info[name]["sha256"] = got["sha256"]
-    unpinned = [n for n in code_names if n not in trusted]
     mispinned = [n for n in code_names if n in trusted and code_info[n]["sha256"]
                  and code_info[n]["sha256"] != trusted[n]]
     result["code_files"] = [code_info[n] for n in code_names]
-    if extra or refused_local or unpinned or mispinned:
-        result.update(missing=missing, wrong_size=wrong_size, extra=extra,
-                      refused=sorted(set(refused_local) | set(unpinned) | set(mispinned)),
-                      hashed=sorted(code_present), hashed_bytes=hashed_bytes,
-                      seconds=round(time.monotonic() - started, 3))
-        drop_stamp()
-        module.fail_json(msg=refusal_message(model_dir, revision, extra=extra, refused_local=refused_local,
-                                             unpinned=unpinned, mispinned=mispinned, code_info=code_info),
-                         **result)
+    if unpinned or mispinned:
+        refuse(mispinned)
 
     # ---- 2. what earlier verifications vouch for ---------------------------------------------------
     sources, legacy_before = memory_of(stamp, cache, record)

@@ -1,0 +1,108 @@
+"""A checkpoint site on this machine for the checkpoint playbook, and a playbook run a test can interrupt.
+
+Two inventory hosts with a local connection stand for the head and a worker, each with its own
+model directory beside the other; the worker's "fabric" is a remote shell that runs rsync's far
+side locally. The hub is the local emulator (tests/standins/hub_emulator.py), passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.lib.playbook import REPO, run_playbook
+
+PLAYBOOK = "playbooks/checkpoint.yml"
+
+
+def make_site(base: Path, hub) -> dict:
+    """Inventory, model directories and the extra vars of a two-host site served by ``hub``."""
+    base.mkdir(parents=True, exist_ok=True)
+    rsh = base / "fake-rsh"
+    rsh.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
+    rsh.chmod(rsh.stat().st_mode | stat.S_IXUSR)
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    # Distinct fabric addresses, as the inventory check demands (the fake rsh never dials them).
+    inventory = {"spark": {"children": {
+        "spark_head": {"hosts": {"spark-0": {**common, "spark_fabric_ip": "127.0.0.1",
+                                             "spark_model_dir": str(base / "head" / "glm53")}}},
+        "spark_workers": {"hosts": {"spark-1": {**common, "spark_fabric_ip": "127.0.0.2",
+                                                "spark_model_dir": str(base / "worker" / "glm53")}}},
+    }}}
+    (base / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    return {
+        "base": base,
+        "inventory": base / "hosts.yml",
+        "head": base / "head" / "glm53",
+        "worker": base / "worker" / "glm53",
+        "partial": base / "head" / ".glm53.partial",
+        "vars": {
+            "checkpoint_revision": hub.info["new"],
+            "checkpoint_hf_endpoint": hub.url,
+            # The toolchain venv already holds the pinned client, so the install task has nothing to do.
+            "checkpoint_venv_dir": str(Path(sys.executable).parent.parent),
+            "checkpoint_sync_ssh_command": str(rsh),
+            "checkpoint_progress_interval": 1,
+            "checkpoint_disk_reserve_bytes": 0,
+        },
+    }
+
+
+def play(site: dict, check: bool = False, **extra):
+    """The checkpoint playbook through ansible-runner, to its end."""
+    return run_playbook(PLAYBOOK, site["inventory"], extravars={**site["vars"], **extra}, check=check, timeout=900)
+
+
+class Operator:
+    """ansible-playbook started as an operator starts it in a terminal, so that it can be interrupted.
+
+    Its own session and process group, as a terminal's foreground job: ``interrupt`` sends SIGINT to
+    the whole group, which is what Ctrl-C does. Output goes to a file the test can read meanwhile.
+    """
+
+    def __init__(self, site: dict, name: str, **extra):
+        self.out = site["base"] / f"{name}.out"
+        extravars = site["base"] / f"{name}.vars.json"
+        extravars.write_text(json.dumps({**site["vars"], **extra}))
+        bindir = str(Path(sys.executable).parent)
+        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+               "ANSIBLE_FORCE_COLOR": "0", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+        with self.out.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(Path(bindir) / "ansible-playbook"), "-i", str(site["inventory"]), "-e", f"@{extravars}",
+                 str(REPO / PLAYBOOK)],
+                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def wait_output(self, text: str, timeout: float) -> bool:
+        """Whether ``text`` appeared in the output (polled) before the run ended or ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return True
+            if self.proc.poll() is not None:
+                return text in self.output()
+            time.sleep(0.2)
+        return False
+
+    def interrupt(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def wait(self, timeout: float = 900) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
