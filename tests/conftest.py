@@ -38,6 +38,7 @@ HEAVY_FIRST = (
     "test_firewall.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
+    "test_checkpoint_interrupted.py",
     "test_day2.py",
     "test_secure_endpoint.py",
     "test_doctor.py",
