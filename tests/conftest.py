@@ -34,6 +34,7 @@ from tests.lib import node_state
 # Everything else keeps its file order.
 HEAVY_FIRST = (
     "test_supervisor.py",
+    "test_tune.py",
     "test_server_nodes.py",
     "test_firewall.py",
     "test_checkpoint_nodes.py",
