@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             hub_url=f"http://{cluster.bridge_ip}:{sim.HUB_PORT}", repo_id=info["repo_id"], revision=info["new"],
             model_dir=test_site_model_dir(), venv_dir=defaults["checkpoint_venv_dir"],
             fetch_workers=int(defaults["checkpoint_fetch_workers"]), sync_streams=int(defaults["checkpoint_sync_streams"]),
-            sync_ssh_command=defaults["checkpoint_sync_ssh_command"], shards=args.shards, files=files,
+            sync_ssh_command=defaults["checkpoint_sync_ssh_command"],
+            sync_transport=defaults["checkpoint_sync_transport"],
+            sync_rsyncd_port=int(defaults["checkpoint_sync_rsyncd_port"]), shards=args.shards, files=files,
             total_bytes=total, log=log,
         )
         ctx.say(f"converging site.yml on {args.instance} (fetch, sync, server, verify) before measuring")
