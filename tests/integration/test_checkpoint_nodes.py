@@ -161,7 +161,7 @@ def test_second_run_transfers_nothing_and_reports_no_change(nodes, hub):
     assert changed_tasks(r) == [], "check mode on a converged site reports no change"
 
 
-def test_corrupted_worker_shard_is_found_by_deep_verify_and_resynced_alone(nodes, hub):
+def test_corrupted_worker_shard_is_found_by_the_fast_check_and_resynced_alone(nodes, hub):
     worker = nodes["worker"]
     path = f"{MODEL_DIR}/{SHARD}"
     sim.ssh(worker, "python3 -c \"import os, sys; p = sys.argv[1]; st = os.stat(p); f = open(p, 'r+b'); "
@@ -172,9 +172,12 @@ def test_corrupted_worker_shard_is_found_by_deep_verify_and_resynced_alone(nodes
     hub.reset_counters()
     r = play(nodes, hub, checkpoint_deep_verify=True)
     assert r.rc == 0, r.failure_messages()
-    assert r.results(FAST)["spark-1"]["ok"], "same size and mtime: only hashing can see it"
+    # Same size, inode and mtime, but the stamp remembers the ctime it was verified with.
+    fast = r.results(FAST)["spark-1"]
+    assert fast["refetch"] == [SHARD] and fast["changed_since_verified"] == [SHARD] and fast["hashed"] == [SHARD]
     deep = r.results(DEEP)
-    assert deep["spark-1"]["refetch"] == [SHARD] and deep["spark-0"]["ok"]
+    assert deep["spark-1"]["ok"] and deep["spark-0"]["ok"]
+    assert deep["spark-1"]["hashed_bytes"] == deep["spark-1"]["total_bytes"], "checkpoint_deep_verify: every byte"
     sync = r.results(SYNCED)["spark-1"]
     assert sync["sent"] == [SHARD] and sync["transferred_files"] == 1
     assert hub.served() == {}, "the head's copy is good: nothing comes from the hub"
