@@ -554,6 +554,18 @@ def download(hub: SimpleNamespace, url: str, part: str, size: int, *, headers: d
         raise OSError(f"consistency check failed: {url} should be {size} bytes, {final} arrived")
 
 
+def pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def acquire(lock: TransferLock, lock_path: str, *, repo_id: str, revision: str, model_dir: str,
             staging: str) -> dict | None:
     """Take the fetch lock; wait for a fetch of the same revision to end (returns what was waited for).
@@ -565,13 +577,17 @@ def acquire(lock: TransferLock, lock_path: str, *, repo_id: str, revision: str, 
     unnamed_since = None
     while not lock.try_acquire():
         info = read_lock_info(lock_path)
-        if not (isinstance(info, dict) and info.get("state") == "running"):
-            # A reader's peek, or a holder that has not written what it does yet.
+        if not (isinstance(info, dict) and info.get("state") == "running" and pid_alive(info.get("pid"))):
+            # A progress poller's instant peek, or a holder that has not written what it does yet
+            # (the info may still be its killed predecessor's).
             unnamed_since = unnamed_since or time.monotonic()
             if time.monotonic() - unnamed_since < UNNAMED_HOLDER_SECONDS:
                 time.sleep(0.1)
                 continue
-            info = info if isinstance(info, dict) else {}
+            raise HubProblem(f"another process holds {lock_path} and does not say what it does "
+                             f"(last holder: {info}). Fix: find it (fuser {lock_path}), let it end or stop it, "
+                             "then run again.")
+        unnamed_since = None
         pid = info.get("pid", "?")
         if (info.get("repo_id"), info.get("revision"), info.get("model_dir")) != (repo_id, revision, model_dir):
             raise HubProblem(
