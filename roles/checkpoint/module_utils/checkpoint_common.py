@@ -24,6 +24,7 @@ import os
 import posixpath
 import re
 import stat
+import threading
 import time
 from collections import deque
 
@@ -98,10 +99,12 @@ class TransferMeter:
         self.moved = 0
         self.samples: deque = deque(maxlen=window)
         self.samples.append((self.started, 0))
+        self._lock = threading.Lock()
 
     def add(self, nbytes: int) -> None:
-        """Bytes that arrived in this run (called from any thread: an int add under the GIL)."""
-        self.moved += nbytes
+        """Bytes that arrived in this run, from any thread (once per received chunk)."""
+        with self._lock:
+            self.moved += nbytes
 
     def figures(self, done: int, final: bool = False) -> dict:
         """done (clamped), moved, rate, eta, percent and elapsed; ``final``: the whole run's average rate."""
