@@ -219,6 +219,7 @@ def test_an_earlier_report_stands_beside_a_new_one(measured, standin, inventory,
         benchmark_compare=str(reports / "run.json")))
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert report["compare"]["file"] == str(reports / "run.json") and report["recall"] is None
+    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
     md = (tmp_path / "again.md").read_text()
     assert f"Compared with {reports / 'run.json'}" in md and "before: output tok/s" in md
     row = next(line for line in md.splitlines() if line.startswith("| short ("))
