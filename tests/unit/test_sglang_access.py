@@ -147,3 +147,18 @@ def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credent
     assert render(wiring["sglang_verify_tls_ca"]) == server_ca
     assert server_key_file == f"{credentials_dir or '/sites/mine/.credentials'}/sglang_api_key"
     assert server_ca == ("/etc/pki/ca.crt" if tls_cert else f"{credentials_dir or '/sites/mine/.credentials'}/sglang-ca.crt")
+
+
+@pytest.mark.parametrize(("tls", "host", "expected"), [
+    (False, "0.0.0.0", "http://127.0.0.1:30000"),  # noqa: S104 - compared, not bound
+    (False, "10.0.0.10", "http://10.0.0.10:30000"),
+    (True, "10.0.0.10", "http://127.0.0.1:30001"),
+])
+def test_the_supervisor_probes_sglang_itself_behind_the_proxy(tls, host, expected):
+    """With TLS the supervisor's generation probe (on the head, key from the env file) goes to the loopback backend."""
+    wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)  # noqa: S701 - Ansible values, not HTML
+    env.filters["bool"] = bool
+    endpoint = env.from_string(wiring["sglang_supervisor_endpoint"]).render(
+        sglang_server_tls=tls, sglang_server_host=host, sglang_server_port=30000, sglang_server_tls_backend_port=30001)
+    assert endpoint.replace("\n", "").replace(" ", "") == expected
