@@ -162,3 +162,9 @@ def test_the_supervisor_probes_sglang_itself_behind_the_proxy(tls, host, expecte
     endpoint = env.from_string(wiring["sglang_supervisor_endpoint"]).render(
         sglang_server_tls=tls, sglang_server_host=host, sglang_server_port=30000, sglang_server_tls_backend_port=30001)
     assert endpoint.replace("\n", "").replace(" ", "") == expected
+
+
+def test_a_relative_credentials_directory_is_refused():
+    assert plan(sglang_server_credentials_dir="/srv/spark-credentials")["errors"] == []
+    message = only_error(sglang_server_credentials_dir="secrets")
+    assert message.startswith("sglang_server_credentials_dir = 'secrets': ") and "absolute controller path" in message

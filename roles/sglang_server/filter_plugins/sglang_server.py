@@ -589,6 +589,13 @@ def _check_access(ctx, port, dist, errors):
         flags[var] = value if isinstance(value, bool) else text in ("true", "yes", "on", "1")
         if not isinstance(value, bool) and text not in ("true", "yes", "on", "1", "false", "no", "off", "0"):
             errors.append(f"{var} = {_show(value)}: must be true or false. Fix: use a YAML boolean.")
+    credentials = ctx.get("sglang_server_credentials_dir") or ""
+    if not isinstance(credentials, str) or (credentials and not credentials.startswith("/")):
+        errors.append(
+            f"sglang_server_credentials_dir = {_show(credentials)}: the generated key and CA would land in a directory "
+            "that depends on where each controller task runs. Fix: give an absolute controller path, or leave it empty "
+            "for <inventory_dir>/.credentials."
+        )
     if not flags["sglang_server_tls"]:
         return None
     backend = _as_int(ctx.get("sglang_server_tls_backend_port"))
