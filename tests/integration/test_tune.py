@@ -46,7 +46,9 @@ def site(sim_cluster):
         # What checkpoint.yml and fabric.yml leave behind, in the smallest form the server role and stand-in accept.
         sh(n, checkpoint_files() + " && (ip -o addr show dev enp1s0f1np1 | grep -q ' "
               f"{n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
-        sim.set_knobs(sim_cluster.instance, n.name, {"sglang": {"load_seconds": 0.2, "state_budget": BUDGET}})
+        # token_seconds: a decode rate for the single-stream figures (tune_benchmark) to report.
+        sim.set_knobs(sim_cluster.instance, n.name, {"sglang": {"load_seconds": 0.2, "state_budget": BUDGET,
+                                                                "token_seconds": 0.01}})
     result = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=PINNED)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert [running(n) for n in sim_cluster.nodes] == [(65536, 2)] * 2
