@@ -307,3 +307,102 @@ def connections(port: int) -> int:
         if remote_port == port and fields[3] == "01":
             count += 1
     return count
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (the role's clients trust the certificate as the CA)."""
+    import datetime  # noqa: PLC0415
+    import ipaddress  # noqa: PLC0415
+
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, LOOPBACK)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+PROXY = """
+import asyncio, ssl, sys
+ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+async def pipe(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    finally:
+        w.close()
+async def handle(cr, cw):
+    sr, sw = await asyncio.open_connection("127.0.0.1", int(sys.argv[3]))
+    await asyncio.gather(pipe(cr, sw), pipe(sr, cw), return_exceptions=True)
+async def main():
+    srv = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[4]), ssl=ctx)
+    print("ready", flush=True)
+    async with srv:
+        await srv.serve_forever()
+asyncio.run(main())
+"""
+
+
+def test_the_client_speaks_https_with_the_ca_and_sends_the_key(tmp_path):
+    """As a deployment with sglang_server_tls serves (a TLS proxy in front of SGLang, a key): the CA file and the
+    key reach every request; without the CA no stream starts, without the key /v1/models refuses."""
+    key = "sk-BenchPlant3dKey0123456789abcdef"  # noqa: S105 - planted on purpose
+    cert, private = self_signed(tmp_path)
+    model = tmp_path / "models" / "glm53"
+    model.mkdir(parents=True)
+    (model / "processor_config.json").write_text("{}")
+    (tmp_path / "etc/spark-sim").mkdir(parents=True)
+    (tmp_path / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1, "token_seconds": 0.01}}))
+    port, tls_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, str(SERVER), "--model-path", str(model), "--tp-size", "1", "--host", LOOPBACK,
+                               "--port", str(port), *seed_args(), "--api-key", key], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, env={"SPARK_SIM_ROOT": str(tmp_path), "PATH": "/usr/bin:/bin",
+                                                             "NVIDIA_VISIBLE_DEVICES": "all"})
+    proxy = subprocess.Popen([sys.executable, "-c", PROXY, str(cert), str(private), str(port), str(tls_port)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert proxy.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/health", timeout=2):  # noqa: S310 - loopback
+                    break
+            except OSError:
+                time.sleep(0.2)
+        endpoint = f"https://{LOOPBACK}:{tls_port}"
+
+        def run(**args):
+            return run_role_module("sglang_benchmark", "sglang_benchmark_run", {"endpoint": endpoint, **args}, tmp_path)
+
+        cal = run(mode="calibrate", api_key=key, ca_file=str(cert))
+        assert cal["calibration"]["source"] == "usage", cal
+        level = run(mode="level", api_key=key, ca_file=str(cert), model=cal["calibration"]["model"], concurrency=2,
+                    requests=2, max_tokens=8, calibration=cal["calibration"])
+        assert level["summary"]["ok"] == 2 and level["summary"]["tokens_from"] == "usage", level
+        untrusted = run(mode="level", api_key=key, model="m", requests=1, max_tokens=4)
+        assert untrusted["summary"]["errors"] == {"connect": 1}, untrusted
+        unkeyed = run(mode="level", ca_file=str(cert), model="m", requests=1, max_tokens=4)
+        assert unkeyed["summary"]["errors"] == {"http_401": 1}, unkeyed
+        refused = run(mode="calibrate", ca_file=str(cert))
+        assert refused.get("failed") and "HTTP Error 401" in refused["msg"], refused
+        assert key not in json.dumps([cal, level, untrusted, unkeyed, refused])
+    finally:
+        proxy.terminate()
+        server.terminate()
+        proxy.wait(timeout=10)
+        server.wait(timeout=10)
