@@ -434,17 +434,37 @@ def test_rank0_serves_only_after_every_rank_joined_and_dies_with_a_peer(model_di
             stop(worker)
 
 
-def test_rank0_keeps_its_tcpstore_listening_on_every_address_while_the_group_serves(model_dir):
-    # torch's TCPStore server on rank 0 lives as long as the process group, bound to every address:
-    # what a firewall must close on the management network, since the ranks no longer need it there.
+def listening_ports(pid) -> list[int]:
+    """The TCP ports process `pid` listens on, on every IPv4 address (0.0.0.0)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd) if fd.is_symlink() else ""
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and inode in inodes and local.startswith("00000000:"):
+            ports.append(int(local.split(":")[1], 16))
+    return sorted(ports)
+
+
+def test_rank0_keeps_its_tcpstore_and_broadcast_queue_listening_on_every_address_while_it_serves(model_dir):
+    # torch's TCPStore server on rank 0 lives as long as the process group, bound to every address, and
+    # so does rank 0's broadcast queue: what a firewall must close on the management network.
     port, dist = free_port(), free_port()
     head = start_server(server_args(model_dir, port, nnodes=2, rank=0, dist_port=dist))
     worker = start_server(server_args(model_dir, free_port(), nnodes=2, rank=1, dist_port=dist))
     held = []
     try:
         wait_ready(port, head)
-        # Another address of this machine than --dist-init-addr's: the store listens on all of them.
-        held = [socket.create_connection((address, dist), timeout=5) for address in (LOOPBACK, "127.0.0.2")]
+        # Another address of this machine than --dist-init-addr's: the store listens on all of them, and so
+        # does rank 0's broadcast queue, on a random port (the real MessageQueue binds tcp://*).
+        queue = [p for p in listening_ports(head.pid) if p not in (port, dist)]
+        assert len(queue) == 1, queue
+        held = [socket.create_connection((address, p), timeout=5) for address in (LOOPBACK, "127.0.0.2")
+                for p in (dist, queue[0])]
         held[0].sendall(b"not a store request\n")
         assert not select.select(held, [], [], 0.5)[0], "the store closed a connection it was given"
         assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"

@@ -485,11 +485,11 @@ class Group:
             send(lines.conn, {"ok": True})
         # torch's TCPStore server lives as long as the process group: it keeps listening on every
         # address and serves whoever connects (a later client, a port scan) without the group noticing.
-        threading.Thread(target=self.store_serve, args=(server,), name="tcpstore", daemon=True).start()
+        threading.Thread(target=self.hold_later_clients, args=(server,), name="tcpstore", daemon=True).start()
 
     @staticmethod
-    def store_serve(server):
-        """Accept and hold every later connection to the store until its client closes it."""
+    def hold_later_clients(server):
+        """Accept and hold every later connection to a listener the group keeps, until its client closes it."""
         clients = []
         while True:
             ready, _, _ = select.select([server, *clients], [], [])
@@ -680,7 +680,9 @@ class Group:
             # wait_until_ready: no timeout, like the real MessageQueue.
             for _ in range(len(self.peers)):
                 self.keep.append(listener.accept()[0])
-            listener.close()
+            # Its socket stays bound on every address (tcp://*:port) for the life of the queue.
+            threading.Thread(target=self.hold_later_clients, args=(listener,), name="shm_broadcast",
+                             daemon=True).start()
             return
         table = self.exchange("shm_broadcast", None,
                               "RuntimeError: NCCL error: remote process exited or there was a network error")
