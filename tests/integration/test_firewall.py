@@ -2,14 +2,15 @@
 
 One pair is deployed as a site is (fabric.yml, then server.yml), with a firewall of the site's own
 already active on both nodes (a ufw-like iptables-nft table with a drop of its own), and answers
-every question in a few playbook runs: the default range (the head's management subnet) lets
-the controller and another client of that subnet in; the dist-init port (the stand-in's TCPStore
-listens on every address for the life of the group) is closed on the management network and open
-between the ranks over the fabric, which still form a group and serve; the site's own table is
-untouched; a narrowed range drops a client outside it (a second address of this machine on the
-harness bridge) while that client still reaches SSH; a table removed by another tool is loaded
-again; a second run changes nothing; check mode shows the rules it would add and changes nothing;
-a power cycle loads the rules at boot, before the rank, and the group forms again under them.
+every question in a few playbook runs: the default range (the head's management subnet) lets the
+controller and another client of that subnet in; the dist-init port and rank 0's broadcast queue
+(the stand-in's TCPStore and queue listen on every address for the life of the group) are closed
+on the management network and open between the ranks over the fabric, which still form a group and
+serve; the site's own table is untouched; a narrowed range drops a client outside it (a second
+address of this machine on the harness bridge) while that client still reaches SSH; a table
+removed by another tool is loaded again; check mode shows the rules it would add and changes
+nothing; a power cycle loads the rules at boot, before the rank, the group forms again under them,
+and a second run changes nothing.
 Bad input is refused before any node is contacted, through render.yml and site.yml (the hosts use
 the `no_contact` connection, so a run that tried to reach a node would say so), and on the node
 before any change where the controller could not tell.
@@ -149,6 +150,15 @@ def drops(node, chain: str, comment: str) -> int:
 HTTP_DROP = ("http_port", "sglang http: not an allowed client")
 DIST_DROP = ("rank_ports", "dist-init (TCPStore): fabric peers only")
 FABRIC_DROP = ("rank_ports", "NCCL/Gloo on the fabric address: fabric peers only")
+RANDOM_DROP = ("rank_ports", "rank 0 listeners on random ports: fabric peers only")
+
+
+def rank0_random_ports(head) -> list[int]:
+    """Ports rank 0 listens on at random, on every address (its broadcast queue)."""
+    listening = sh(head, "ss -Hltnp")
+    ports = {int(line.split()[3].rsplit(":", 1)[1]) for line in listening.splitlines()
+             if "python3" in line and line.split()[3].startswith("0.0.0.0:")}
+    return sorted(ports - {20000, 30000})
 
 
 def rank_started(node) -> int:
@@ -190,6 +200,13 @@ def test_the_default_admits_the_head_subnet_and_the_ranks_ports_only_the_fabric_
     assert node_connect(worker, head.fabric_ip, 20000, source=worker.fabric_ip) == "open"
     assert node_connect(worker, head.mgmt_ip, 20000, source=worker.mgmt_ip) == DROPPED
     assert drops(head, *DIST_DROP) >= dist + 3
+    # Rank 0's broadcast queue listens on every address at a random port: the same holds for it.
+    queue = rank0_random_ports(head)
+    assert len(queue) == 1, sh(head, "ss -Hltnp")
+    random = drops(head, *RANDOM_DROP)
+    assert connect(head.mgmt_ip, queue[0]) == DROPPED
+    assert node_connect(worker, head.fabric_ip, queue[0], source=worker.fabric_ip) == "open"
+    assert drops(head, *RANDOM_DROP) > random
     # What NCCL and Gloo bind to, the node's fabric address, admits the peers' fabric addresses only:
     # the head reaches the worker's sshd there from its fabric address, not from its management one.
     fabric = drops(worker, *FABRIC_DROP)
@@ -234,13 +251,6 @@ def test_a_client_outside_the_allowed_range_cannot_connect(site):
     assert drops(head, *HTTP_DROP) > before
     # The client's path to the head is there: only the HTTP port is closed to it.
     assert connect(head.mgmt_ip, 22, source=site.outside) == "open"
-
-
-def test_a_second_run_changes_nothing(site):
-    result = run_playbook(SERVER, site.inventory,
-                          extravars={**VARS, "sglang_server_allowed_clients": [f"{site.bridge_ip}/32"]})
-    assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
-    assert changed(result) == set()
 
 
 def test_check_mode_shows_the_rules_it_would_add_and_changes_nothing(site):
@@ -328,7 +338,7 @@ def test_the_node_refuses_what_the_controller_could_not_check_before_any_change(
     assert sh(head, f"sha256sum {RULES}; nft -s list table {TABLE}") == before
 
 
-def test_the_rules_are_loaded_at_boot_before_the_rank_and_the_group_forms_under_them(site):
+def test_the_rules_are_loaded_at_boot_before_the_rank_the_group_forms_and_a_run_changes_nothing(site):
     head = site.nodes[0]
     sim.power_cycle(site.instance, [head.name])
     # The power cycle took the runtime ruleset with it: what is there now, the boot loaded.
@@ -342,3 +352,8 @@ def test_the_rules_are_loaded_at_boot_before_the_rank_and_the_group_forms_under_
     wait_for(lambda: ask(site) == 200, "the pair to form and serve again", 300, every=2)
     assert ask(site, site.outside) == DROPPED
     assert connect(head.mgmt_ip, 20000) == DROPPED
+    # What the boot left is what the deployment installs: a second run with the same settings changes nothing.
+    result = run_playbook(SERVER, site.inventory,
+                          extravars={**VARS, "sglang_server_allowed_clients": [f"{site.bridge_ip}/32"]})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
+    assert changed(result) == set()

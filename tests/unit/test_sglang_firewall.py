@@ -152,6 +152,8 @@ def test_a_local_controller_is_the_node_itself():
                            "the source address of the controller's route to spark-0 (10.0.0.10)) would be dropped by "
                            "the firewall, cutting this run off the node: sglang_server_dist_init_port = 22 (the TCPStore"),
     ({"dist_ports": [2222], "ssh_port": 2222}, "Fix: choose a sglang_server_dist_init_port other than the SSH port 2222."),
+    ({"ssh_port": 40022}, "Fix: run sshd on a port outside the node's ephemeral range (net.ipv4.ip_local_port_range), "
+                          "not 40022."),
     ({"http_port": 22, "allowed_clients": ["10.0.0.128/25"], "must_reach": False},
      "SSH and SGLang's HTTP server cannot share port 22"),
     ({"management": {HEAD: "192.168.100.10", WORKER: "10.0.0.11"},
@@ -186,9 +188,16 @@ def test_verdicts_of_the_head_table():
     # The HTTP port: the allowed clients only, the peers on the fabric included.
     assert verdict(p, "10.0.0.50", "10.0.0.10", 30000) == "accept"
     assert verdict(p, "192.168.100.11", "192.168.100.10", 30000, iif="enp1s0f1np1") == "drop"
+    # Rank 0's listeners on random ports (every address): new connections from the peers on the fabric only.
+    assert verdict(p, "10.0.0.11", "10.0.0.10", 45123) == "drop"
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 45123, iif="enp1s0f1np1") == "accept"
     # Nothing else is this table's business: SSH and any other port continue to the rest of the ruleset.
     assert verdict(p, "203.0.113.9", "10.0.0.10", 22) is None
     assert verdict(p, "203.0.113.9", "10.0.0.10", 8080) is None
+    # A worker has no HTTP port, rendezvous or rank 0 listeners: only its fabric address is closed to strangers.
+    w = plan(host=WORKER)
+    assert verdict(w, "10.0.0.10", "10.0.0.11", 20000) is None and verdict(w, "10.0.0.10", "10.0.0.11", 45123) is None
+    assert verdict(w, "10.0.0.10", "192.168.100.11", 22) == "drop"
 
 
 def test_the_rules_text_is_printed_from_the_rules_checked():
@@ -203,8 +212,12 @@ def test_the_rules_text_is_printed_from_the_rules_checked():
                                        'counter drop comment "sglang http: not an allowed client"']
     assert p["rules"]["rank_ports"] == [
         'tcp dport { 20000 } counter drop comment "dist-init (TCPStore): fabric peers only"',
+        'tcp dport 32768-60999 ct state new counter drop comment "rank 0 listeners on random ports: fabric peers only"',
         'ip daddr 192.168.100.10 counter drop comment "NCCL/Gloo on the fabric address: fabric peers only"',
     ]
+    # On the node, the kernel's own ephemeral range.
+    assert 'tcp dport 40000-50000 ct state new' in " ".join(
+        plan(allowed_clients=["10.0.0.0/24"], probe={**probe(), "local_ports": "40000\t50000"})["rules"]["rank_ports"])
     # No drop in the base chain: the fabric role, which opens dropping input chains to the peers, leaves it be.
     assert not any(" drop" in rule for rule in p["rules"]["input"])
     assert p["sets"]["fabric_peers"]["elements"] == ["192.168.100.11"]
@@ -248,4 +261,5 @@ def test_the_probe_reads_the_ssh_session_from_its_environment_or_an_ancestors(tm
     result = run_probe(tmp_path, {"SSH_CONNECTION": seen}, {})
     assert result["ssh_connection"] == seen and result["changed"] is False
     assert isinstance(result["addrs"], list) and result["table_loaded"] is False
+    assert len(result["local_ports"].split()) == 2
     assert run_probe(tmp_path, {}, {})["ssh_connection"] == ""

@@ -143,6 +143,15 @@ def _subnet_of(probe, address):
     return None, None
 
 
+def _port_range(value):
+    """[low, high] from `net.ipv4.ip_local_port_range` as read ("32768\t60999" or a pair), else None."""
+    words = value.split() if isinstance(value, str) else list(value or [])
+    ports = [_port(w) for w in words]
+    if len(ports) == 2 and None not in ports and ports[0] <= ports[1]:
+        return ports
+    return None
+
+
 def sglang_firewall_route_commands(addresses):
     """{address: shell command} reading the controller's route to each IP literal among `addresses`.
 
@@ -187,6 +196,13 @@ def _rules(plan):
              "cause": f"{names['dist_ports']} = {_show(ports if len(ports) > 1 else ports[0])} "
                       "(the TCPStore, listening on every address) "
                       "is closed to all but the TP group's peers on the fabric"})
+    if plan["local_ports"]:
+        low, high = plan["local_ports"]
+        chains["rank_ports"].append(
+            {"match": {"dport_range": [low, high], "ct": "new"}, "verdict": "drop",
+             "comment": "rank 0 listeners on random ports: fabric peers only",
+             "cause": f"the node's ephemeral ports {low}-{high} (where rank 0 listens on every address at random ports, "
+                      "e.g. its broadcast queue) take new connections from the TP group's peers on the fabric only"})
     chains["rank_ports"].append(
         {"match": {"daddr": plan["fabric_ip"]}, "verdict": "drop",
          "comment": "NCCL/Gloo on the fabric address: fabric peers only",
@@ -219,6 +235,10 @@ def _nft(rule, sets):
         words.append(f"tcp dport {match['dport']}")
     if "dports" in match:
         words.append("tcp dport { " + ", ".join(str(p) for p in match["dports"]) + " }")
+    if "dport_range" in match:
+        words.append("tcp dport {}-{}".format(*match["dport_range"]))
+    if match.get("ct"):
+        words.append(f"ct state {match['ct']}")
     if rule["verdict"] == "drop":
         words.append("counter")
     words.append(rule["verdict"])
@@ -245,12 +265,15 @@ def _matches(match, packet, sets):
         return False
     if "dport" in match and packet["dport"] != match["dport"]:
         return False
+    if "dport_range" in match and not match["dport_range"][0] <= packet["dport"] <= match["dport_range"][1]:
+        return False
     return not ("dports" in match and packet["dport"] not in match["dports"])
 
 
 def sglang_firewall_verdict(plan, packet, chain="input"):
-    """(verdict, rule) for a TCP packet {saddr, daddr, dport, iif} in `plan`'s table; (None, None) when
-    the table lets it continue to the rest of the ruleset (the base chain's policy is accept)."""
+    """(verdict, rule) for the first TCP packet of a connection {saddr, daddr, dport, iif} in `plan`'s
+    table; (None, None) when the table lets it continue to the rest of the ruleset (the base chain's
+    policy is accept)."""
     packet = dict(packet, saddr=ipaddress.ip_address(str(packet["saddr"])),
                   daddr=ipaddress.ip_address(str(packet["daddr"])), dport=int(packet["dport"]))
     for rule in plan["chains"][chain]:
@@ -341,6 +364,9 @@ def sglang_firewall_plan(ctx, hostvars=None):
         address = _address(str(fabric_ips.get(node)))
         if address is not None and address.version == 4:
             peers.append(str(address))
+    # Where rank 0's listeners on random ports are (the kernel's ephemeral range, read on the node;
+    # Linux's default before any contact).
+    local_ports = _port_range((probe or {}).get("local_ports")) or [32768, 60999]
     must_reach = ctx.get("must_reach")
     if not isinstance(must_reach, bool):
         errors.append(f"sglang_firewall_controller_must_reach = {_show(must_reach)}: must be true or false. Fix: a "
@@ -375,6 +401,7 @@ def sglang_firewall_plan(ctx, hostvars=None):
     plan = {
         "errors": errors, "host": host, "http": is_head, "http_port": http_port,
         "dist_ports": dist_ports if is_head else [], "fabric_interface": interface,
+        "local_ports": local_ports if is_head else [],
         "fabric_ip": str(fabric_ip) if fabric_ip else "", "peers": peers, "names": names,
         "clients": {"ip": [str(n) for n in nets or [] if n.version == 4],
                     "ip6": [str(n) for n in nets or [] if n.version == 6]},
@@ -404,6 +431,9 @@ def sglang_firewall_plan(ctx, hostvars=None):
                 fix = f"connect to {host} by its management address (ansible_host), not by its fabric address"
             elif "dports" in rule["match"]:
                 fix = f"choose a {names['dist_ports']} other than the SSH port {ssh_port}"
+            elif "dport_range" in rule["match"]:
+                fix = (f"run sshd on a port outside the node's ephemeral range (net.ipv4.ip_local_port_range), "
+                       f"not {ssh_port}")
             else:
                 fix = (f"SSH and SGLang's HTTP server cannot share port {ssh_port}: choose another {names['http_port']}, "
                        f"or add {_host_prefix(controller)} to {allowed_var}")

@@ -13,7 +13,8 @@ description:
   - For the sglang_firewall role's internal use; options and return values may change with the role.
   - Reads, before the role changes anything, every interface's addresses (the head's management
     subnet is the default client range), the SSH session the module runs in as the node sees it
-    (the controller's address), whether C(nft) is installed and whether the role's table is loaded.
+    (the controller's address), the kernel's ephemeral port range (where listeners on random ports
+    are), whether C(nft) is installed and whether the role's table is loaded.
   - The SSH session is read from the module's environment, or, where C(become) reset it, from the
     nearest ancestor process's (the login shell that sshd started).
 version_added: "1.2.0"
@@ -51,6 +52,10 @@ addrs:
   elements: dict
 ssh_connection:
   description: C(SSH_CONNECTION) of the session (client address, port, server address, port); empty without SSH.
+  returned: always
+  type: str
+local_ports:
+  description: C(net.ipv4.ip_local_port_range) as read (two numbers), empty when it cannot be read.
   returned: always
   type: str
 nft:
@@ -118,7 +123,13 @@ def main():
     if nft:
         rc, _out, _err = module.run_command([nft, "list", "table", *module.params["table"].split()])
         loaded = rc == 0
-    module.exit_json(changed=False, addrs=addrs, ssh_connection=ssh_connection(), nft=nft, table_loaded=loaded)
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            local_ports = f.read().strip()
+    except OSError:
+        local_ports = ""
+    module.exit_json(changed=False, addrs=addrs, ssh_connection=ssh_connection(), local_ports=local_ports, nft=nft,
+                     table_loaded=loaded)
 
 
 if __name__ == "__main__":
