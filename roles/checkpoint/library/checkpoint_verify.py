@@ -613,9 +613,12 @@ def main() -> None:
         cached = cache.get("files") if isinstance(cache, dict) and isinstance(cache.get("files"), dict) else {}
         keep = {n: e for n, e in cached.items() if n in files and n not in digests and n not in refetch}
         memory = {"format": 1, "files": dict(sorted({**keep, **verified}.items()))}
-        if memory != cache and not module.check_mode:
-            # Worthless after a crash (the next pass hashes again): no fsync.
-            atomic_write(p["cache_path"], (json.dumps(memory) + "\n").encode(), 0o644, durable=False)
+        if memory != cache and (memory["files"] or cache is not None) and not module.check_mode:
+            # Only a cache (a pass without it hashes more): no fsync, and a full disk is no failure.
+            try:
+                atomic_write(p["cache_path"], (json.dumps(memory) + "\n").encode(), 0o644, durable=False)
+            except OSError as err:
+                module.warn(f"could not remember the verified files in {p['cache_path']}: {err}")
     if stamp_path:
         if not ok:
             drop_stamp()
