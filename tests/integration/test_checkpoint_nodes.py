@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +37,37 @@ PUSH = "Push the files from the source host over the fabric"
 SYNCED = "Collect the sync result"
 FETCH = "Fetch the files from the hub"
 DISK = "Refuse a filesystem that cannot hold the missing bytes, before any byte moves"
+FELL_BACK = "Say that the sync went over ssh instead of the rsync daemon"
+RSYNCD_PORT = 28730  # checkpoint_sync_rsyncd_port; spark-1 is the first worker
+RUNTIME = "/run/spark-checkpoint-sync"
+# On the head while a sync runs: the daemon's sockets, its directories, their modes and contents.
+DAEMON_VIEW = f"""python3 - <<'EOF'
+import glob, json, os, subprocess
+def ss(*a):
+    return subprocess.run(["ss", "-Htn", *a], capture_output=True, text=True).stdout.split("\\n")
+procs = {{}}
+for p in glob.glob("/proc/[0-9]*"):
+    try:
+        argv = open(p + "/cmdline", "rb").read().split(b"\\0")
+        if argv[:2] == [b"rsync", b"--daemon"]:
+            procs[p[6:]] = open(p + "/stat").read().rsplit(")", 1)[1].split()[1]
+    except OSError:
+        pass
+# The daemon itself; the others are its children, one per connection.
+daemons = sum(1 for parent in procs.values() if parent not in procs)
+dirs = {{}}
+for d in glob.glob("{RUNTIME}/rsyncd-*"):
+    try:
+        dirs[d] = {{"mode": oct(os.stat(d).st_mode & 0o777), "secrets_mode": oct(os.stat(d + "/rsyncd.secrets").st_mode & 0o777),
+                   "secret": open(d + "/rsyncd.secrets").read().strip().split(":", 1)[1],
+                   "conf": open(d + "/rsyncd.conf").read()}}
+    except OSError:
+        pass
+print(json.dumps({{"listening": [l.split()[3] for l in ss("-l", "sport = :{RSYNCD_PORT}") if l.strip()],
+                  "peers": [l.split()[3] for l in ss("state", "established", "sport = :{RSYNCD_PORT}") if l.strip()],
+                  "daemons": daemons, "serving": len(procs) - daemons,
+                  "dirs": dirs}}))
+EOF"""
 
 
 def sha256(data: bytes) -> str:
@@ -132,6 +164,7 @@ def test_fresh_fetch_on_the_head_and_sync_to_the_worker_over_the_fabric(nodes, h
     assert "fetch spark-0:" in r.stdout and "sync spark-1:" in r.stdout, "progress lines are printed"
     sync = r.results(SYNCED)
     assert set(sync) == {"spark-1"}
+    assert sync["spark-1"]["transport"] == "rsyncd" and sync["spark-1"]["fallback_reason"] is None
     assert sync["spark-1"]["sent"] == sorted(expected)
     assert sync["spark-1"]["transferred_files"] == len(expected)
     for n in (head, worker):
@@ -140,7 +173,7 @@ def test_fresh_fetch_on_the_head_and_sync_to_the_worker_over_the_fabric(nodes, h
     facts = r.results("Export that this host holds the verified checkpoint")
     assert {h: f["ansible_facts"]["checkpoint_verified"] for h, f in facts.items()} == {"spark-0": True,
                                                                                       "spark-1": True}
-    # The bytes came from the head's fabric address, authenticated by the fabric role's key.
+    # The pull was started from the head's fabric address, authenticated by the fabric role's key.
     fingerprint = sim.ssh(head, "ssh-keygen -lf /root/.ssh/id_spark_fabric.pub").split()[1]
     log = sim.ssh(worker, f"journalctl -o cat --since @{since} | grep 'Accepted publickey' || true")
     assert f"for root from {head.fabric_ip} " in log and fingerprint in log, log
@@ -219,6 +252,86 @@ def test_worker_alone_under_limit_syncs_from_the_head_outside_the_run(nodes, hub
         sim.ssh(head, f"cat > {STAMP} <<'EOF'\n{source_stamp}\nEOF")
         r = play(nodes, hub, limit=worker.name)
         assert r.rc == 0, r.failure_messages()
+
+
+def daemon_view(head) -> dict:
+    return json.loads(sim.ssh(head, DAEMON_VIEW))
+
+
+def test_sync_over_the_rsync_daemon_listens_only_on_the_head_fabric_address_for_the_sync_only(nodes, hub):
+    head, worker = nodes["head"], nodes["worker"]
+    since = sim.ssh(head, "date +%s").strip()
+    shards = sorted(n for n in hub.expected if n.endswith("-of-00120.safetensors"))[:40]
+    sim.ssh(worker, f"cd {MODEL_DIR} && rm " + " ".join(shards))
+    assert daemon_view(head)["listening"] == [], "no daemon before the sync"
+    done: dict = {}
+    # Slowed down (4 KiB/s a stream) so that the daemon can be looked at while it serves.
+    # The worker alone (the head outside the run is only read): the daemon is started on it all the same.
+    run = threading.Thread(target=lambda: done.update(r=play(nodes, hub, limit=worker.name,
+                                                              checkpoint_sync_extra_args=["--bwlimit=4"])))
+    run.start()
+    seen = None
+    while run.is_alive():
+        view = daemon_view(head)
+        if view["listening"] and view["peers"] and view["dirs"]:
+            seen = view
+            break
+    run.join(600)
+    r = done["r"]
+    assert r.rc == 0, r.failure_messages()
+    assert seen is not None, "the sync ended before the daemon was seen serving"
+    # Bound to the head's fabric address alone, serving the worker's fabric address alone.
+    assert seen["listening"] == [f"{head.fabric_ip}:{RSYNCD_PORT}"], seen
+    assert {peer.rsplit(":", 1)[0] for peer in seen["peers"]} == {worker.fabric_ip}, seen
+    assert seen["daemons"] == 1 and seen["serving"] >= 1, seen
+    (directory, files), = seen["dirs"].items()
+    assert files["mode"] == "0o700" and files["secrets_mode"] == "0o600", files
+    conf = files["conf"].splitlines()
+    for line in (f"hosts allow = {worker.fabric_ip}", "hosts deny = *", "read only = yes", f"path = {MODEL_DIR}",
+                 "list = no", "reverse lookup = no"):
+        assert line in conf, (line, conf)
+    sync = r.results(SYNCED)["spark-1"]
+    assert sync["transport"] == "rsyncd" and sync["port"] == RSYNCD_PORT and sync["fallback_reason"] is None
+    assert sync["sent"] == shards and sync["transferred_files"] == len(shards)
+    assert "could not be used" not in r.stdout, "no word of a fallback"
+    assert digests(worker) == {name: sha256(data) for name, data in hub.expected.items()}
+    assert stamp(worker)["revision"] == hub.info["new"]
+    # Afterwards: no daemon, no listener, no secret left on the head.
+    after = daemon_view(head)
+    assert after["listening"] == [] and after["daemons"] == after["serving"] == 0 and after["dirs"] == {}, after
+    assert not exists(head, directory)
+    # The one-time secret appears in no output, no journal, and on no disk of the worker.
+    secret = files["secret"]
+    assert len(secret) == 64
+    assert secret not in r.stdout and secret not in json.dumps(r.events)
+    for n in (head, worker):
+        assert secret not in sim.ssh(n, f"journalctl -o cat --since @{since}"), n.name
+    assert sim.ssh(worker, f"grep -rlF {secret} /root /tmp /var/tmp /run /opt 2>/dev/null || true").strip() == ""
+
+
+def test_sync_falls_back_to_ssh_when_the_daemon_cannot_start(nodes, hub):
+    head, worker = nodes["head"], nodes["worker"]
+    # Something else holds the daemon's port on the head's fabric address.
+    sim.ssh(head, "systemd-run --unit=spark-test-port-taken --collect python3 -c 'import socket, time; "
+                  f"s = socket.create_server((\"{head.fabric_ip}\", {RSYNCD_PORT})); time.sleep(3600)'")
+    try:
+        while daemon_view(head)["listening"] != [f"{head.fabric_ip}:{RSYNCD_PORT}"]:
+            pass
+        sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
+        r = play(nodes, hub, limit=worker.name)
+    finally:
+        sim.ssh(head, "systemctl stop spark-test-port-taken", check=False)
+    assert r.rc == 0, r.failure_messages()
+    sync = r.results(SYNCED)["spark-1"]
+    assert sync["transport"] == "ssh" and sync["sent"] == [SHARD] and sync["port"] is None
+    reason = sync["fallback_reason"]
+    assert f"could not listen on {head.fabric_ip}:{RSYNCD_PORT}" in reason and "Address already in use" in reason
+    said = r.results(FELL_BACK)["spark-1"]["msg"]
+    assert "checkpoint_sync_transport=rsyncd could not be used" in said and "went over ssh" in said, said
+    assert "checkpoint_sync_transport=rsyncd could not be used" in r.stdout
+    assert digests(worker)[SHARD] == sha256(hub.expected[SHARD])
+    assert stamp(worker)["revision"] == hub.info["new"]
+    assert daemon_view(head)["dirs"] == {}
 
 
 def test_extra_python_file_in_the_worker_model_dir_is_refused(nodes, hub):
