@@ -372,10 +372,14 @@ def sync(ctx: Context, runs: int) -> list[Figure]:
         _, out = ctx.timed(head, f"date +%s%N && {send_command}")
         started = int(out.split()[0])
         deadline = time.monotonic() + 1800
-        while not (ended := ctx.sh(worker, f"cat {done} 2>/dev/null || true").strip()):
+        while True:
+            # The unit's state first: a receiver that ended after writing its end time is found by the read after.
             state = ctx.sh(worker, "systemctl is-active bench-tcp-receive || true").strip()
+            if ended := ctx.sh(worker, f"cat {done} 2>/dev/null || true").strip():
+                break
             if state not in ("active", "activating") or time.monotonic() > deadline:
-                raise BenchError(f"the raw TCP receiver ended without finishing ({state})")
+                log = ctx.sh(worker, "journalctl -o cat -n 5 -u bench-tcp-receive || true", check=False)
+                raise BenchError(f"the raw TCP receiver ended without finishing ({state}): {log.strip()[-800:]}")
         seconds = (int(ended) - started) / 1e9
         ctx.expect_tree(worker, tcp_dir, "raw TCP copy")
         ctx.sh(worker, f"rm -rf {tcp_dir} {done}")

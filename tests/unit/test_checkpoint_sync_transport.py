@@ -8,6 +8,7 @@ standard input, the daemon's configuration and the mode of its secrets file).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -153,7 +154,8 @@ def test_the_secret_of_a_killed_run_is_removed_by_the_next(site):
 def test_a_second_sync_to_the_same_destination_waits_for_the_first(site):
     runtime = site["runtime"]
     runtime.mkdir(mode=0o700)
-    with open(runtime / "sync-127.0.0.1.lock", "w") as held:
+    where = hashlib.sha256(str(site["dest"]).encode()).hexdigest()[:12]
+    with open(runtime / f"sync-127.0.0.1-{where}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("4242\n")
         held.flush()
