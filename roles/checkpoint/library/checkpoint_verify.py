@@ -558,9 +558,10 @@ def main() -> None:
         if vouched and not p["rehash"]:
             verified[name] = verified_entry(st, files[name])
             continue
-        if remembered or legacy_before is not None:
-            if not vouched:
-                changed_since.append(name)
+        want = record_hash(files[name])
+        if not vouched and (legacy_before is not None or any(k.get(want[0]) == want[1] for k in remembered)):
+            # Verified with these very bytes in mind, and changed since (not merely a new revision's file).
+            changed_since.append(name)
         # Fast: small files always, and a weight shard when a stamp of this record must be confirmed.
         if deep or not SHARD_RE.match(name) or stamp_of_record:
             to_hash.append(name)
