@@ -212,18 +212,54 @@ def test_testinfra_ssh_trust_head_to_worker(configured, hosts):
         assert w.fabric_ip in h.file("/root/.ssh/known_hosts").content_string
 
 
-def test_proof_names_an_mtu_mismatch(configured, sim_inventory):
-    worker = configured.nodes[1]
+DRIFT_TASK = "Report the fabric port's drift from the configuration, and repair it"
+
+
+def port(n) -> dict:
+    link = json.loads(sim.ssh(n, f"ip -j addr show dev {IFACE}"))[0]
+    return {"up": "UP" in link["flags"], "carrier": "NO-CARRIER" not in link["flags"], "mtu": link["mtu"],
+            "addresses": [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]}
+
+
+def test_mtu_and_link_drift_are_repaired_and_reported(configured, sim_inventory):
+    """The file is unchanged, the live port is not: the MTU set back by hand on one node, the link set down on the
+    other (its peer loses the carrier, networkd drops the address). fabric.yml reports and repairs both."""
+    head, worker = configured.nodes
+    sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
+    sim.ssh(head, f"ip link set {IFACE} down")
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+    assert result.rc == 0, messages(result) or result.stdout[-4000:]
+    drift = {h: r["msg"] for h, r in result.results(DRIFT_TASK).items() if not r.get("skipped")}
+    assert f"{IFACE} is down (set down by hand" in drift[head.name] and f"ip link set {IFACE} up" in drift[head.name]
+    assert f"{IFACE} has MTU 1500, configured 9000" in drift[worker.name]
+    assert {d["host"] for d in result.changed if d["task"] == APPLY_TASK} == {head.name, worker.name}
+    assert [d["host"] for d in result.changed if d["task"] == "Bring the fabric port up"] == [head.name]
+    for n in configured.nodes:
+        assert port(n) == {"up": True, "carrier": True, "mtu": 9000, "addresses": [f"{n.fabric_ip}/24"]}, n.name
+    again = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+    assert again.rc == 0 and again.changed == []
+
+
+def test_what_a_run_cannot_repair_is_named_by_its_cause(configured, sim_inventory):
+    """--limit leaves the worker out: its MTU, then its port set down, are the peer's faults, named as such."""
+    head, worker = configured.nodes
     sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
     try:
-        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
-        assert result.rc != 0
-        assert result.changed == []
+        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc != 0 and result.changed == []
         message = messages(result)
-        assert "MTU 1500 (want 9000)" in message  # the worker sees its own port
-        assert "answers small pings but not 8972-byte ones" in message and "MTU mismatch" in message  # the head sees the peer
+        assert "answers small pings but not 8972-byte ones" in message, message
+        assert f"Cause: peer MTU - {worker.name} (outside this run) runs a smaller MTU than 9000" in message
+        sim.ssh(worker, f"ip link set {IFACE} down")
+        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc != 0
+        message = messages(result)
+        assert f"{head.name}: {IFACE} is up with NO CARRIER" in message, message
+        assert f"no carrier: the peer {worker.name} (outside this run) is off, or its port is down" in message
+        assert "another renderer" not in message and "CAP_NET_ADMIN" not in message
     finally:
-        sim.ssh(worker, f"ip link set {IFACE} mtu 9000")
+        # Back together (networkd puts the addresses back with the carrier); the next test's run proves it.
+        sim.ssh(worker, f"ip link set {IFACE} up mtu 9000")
 
 
 def test_proof_names_the_same_subnet_on_two_interfaces(configured, sim_inventory):

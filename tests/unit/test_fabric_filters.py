@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,70 @@ def test_nft_dropping_chain_needs_one_rule_per_missing_peer():
     missing = fabric.fabric_nft_missing(ruleset, ["10.0.0.11", "10.0.0.12"], "eth1")
     assert missing == [{"family": "inet", "table": "filter", "chain": "input", "peer": "10.0.0.12",
                         "interface": "eth1", "comment": "spark-fabric from 10.0.0.12"}]
+
+
+def addrs(flags=("BROADCAST", "MULTICAST", "UP", "LOWER_UP"), mtu=9000, local="192.168.100.10", name="enp1s0f1np1"):
+    info = [{"family": "inet", "local": local, "prefixlen": 24}] if local else []
+    return [{"ifname": "lo", "flags": ["LOOPBACK", "UP"], "mtu": 65536, "addr_info": []},
+            {"ifname": name, "flags": list(flags), "mtu": mtu, "addr_info": info}]
+
+
+WANT = {"interface": "enp1s0f1np1", "ip": "192.168.100.10", "prefix": 24, "mtu": 9000}
+
+
+def test_port_reads_admin_state_carrier_mtu_and_addresses():
+    assert fabric.fabric_port(addrs(), "enp1s0f1np1") == {
+        "present": True, "up": True, "carrier": True, "mtu": 9000, "addresses": ["192.168.100.10/24"]}
+    assert fabric.fabric_port(addrs(flags=("NO-CARRIER", "BROADCAST", "UP")), "enp1s0f1np1")["carrier"] is False
+    down = fabric.fabric_port(addrs(flags=("BROADCAST", "MULTICAST")), "enp1s0f1np1")
+    assert (down["up"], down["carrier"]) == (False, False)
+    assert fabric.fabric_port(addrs(), "enp9s0")["present"] is False
+
+
+@pytest.mark.parametrize(("live", "drift"), [
+    (addrs(), []),
+    (addrs(mtu=1500), ["enp1s0f1np1 has MTU 1500, configured 9000"]),
+    (addrs(flags=("BROADCAST", "MULTICAST")), ["enp1s0f1np1 is down (set down by hand: ip link set enp1s0f1np1 down)"]),
+    (addrs(local=None), ["enp1s0f1np1 lacks its address 192.168.100.10/24 (has none)"]),
+    (addrs(name="enp9s0"), []),
+])
+def test_drift_is_what_netplan_apply_and_a_link_up_put_back(live, drift):
+    assert fabric.fabric_drift(live, "enp1s0f1np1", "192.168.100.10", 24, 9000) == drift
+
+
+def peer(host, in_play=True, **port):
+    state = fabric.fabric_port(addrs(**port), "enp1s0f1np1") if in_play else None
+    return {"host": host, "in_play": in_play, "port": state}
+
+
+def test_causes_name_the_peers_port_the_peer_outside_the_run_or_the_cable():
+    no_carrier = fabric.fabric_port(addrs(flags=("NO-CARRIER", "BROADCAST", "UP"), local=None), "enp1s0f1np1")
+    down_there = fabric.fabric_port_cause(no_carrier, WANT, [peer("spark-1", flags=("BROADCAST",))])
+    assert down_there[0].startswith("no carrier: the peer's port is down on spark-1")
+    assert "not set while there is no carrier" in down_there[1]
+    outside = fabric.fabric_port_cause(no_carrier, WANT, [peer("spark-1", in_play=False)])
+    assert "the peer spark-1 (outside this run) is off, or its port is down" in outside[0]
+    cable = fabric.fabric_port_cause(no_carrier, WANT, [peer("spark-1")])
+    assert "the cable is not in this port" in cable[0]
+    for causes in (down_there, outside, cable):
+        assert not any("renderer" in c for c in causes)
+
+
+def test_causes_of_a_port_with_carrier_that_keeps_the_wrong_mtu_or_no_address():
+    live = fabric.fabric_port(addrs(mtu=1500, local=None), "enp1s0f1np1")
+    causes = fabric.fabric_port_cause(live, WANT, [peer("spark-1")])
+    assert "MTU 1500 after netplan apply, configured 9000: something else sets it" in causes[0]
+    assert "another renderer manages enp1s0f1np1" in causes[1]
+    still_down = fabric.fabric_port(addrs(flags=("BROADCAST",)), "enp1s0f1np1")
+    assert "still down after netplan apply and ip link set up" in fabric.fabric_port_cause(still_down, WANT, [])[0]
+
+
+def test_peer_port_is_the_last_reading_of_its_own_play():
+    reread = {"stdout": json.dumps(addrs(mtu=1500))}
+    hostvars = {"spark-1": {"__fabric_link": reread, "__fabric_probe": {"addrs": {"stdout": "[]"}}}}
+    assert fabric.fabric_peer_port("spark-1", hostvars, ["spark-0", "spark-1"], "enp1s0f1np1")["port"]["mtu"] == 1500
+    skipped = {"spark-1": {"__fabric_link": {"skipped": True},
+                           "__fabric_probe": {"addrs": {"stdout": json.dumps(addrs())}}}}
+    assert fabric.fabric_peer_port("spark-1", skipped, ["spark-1"], "enp1s0f1np1")["port"]["mtu"] == 9000
+    assert fabric.fabric_peer_port("spark-1", {}, ["spark-0"], "enp1s0f1np1") == {
+        "host": "spark-1", "in_play": False, "port": None}

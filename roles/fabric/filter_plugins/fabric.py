@@ -7,6 +7,7 @@ dependency of this project; Python's ipaddress module is always there.
 from __future__ import annotations
 
 import ipaddress
+import json
 
 
 def fabric_ipv4_error(address, prefix) -> str:
@@ -108,6 +109,102 @@ def fabric_nft_missing(ruleset, peers, interface) -> list:
     return out
 
 
+def _iface(addrs, interface):
+    return next((i for i in addrs or [] if isinstance(i, dict) and i.get("ifname") == interface), None)
+
+
+def fabric_port(addrs, interface):
+    """The live state of the fabric port from `ip -j addr show`: {present, up, carrier, mtu, addresses}.
+
+    `up` is the administrative state (an `ip link set down` clears it), `carrier` whether the
+    cable and the peer's port are there (NO-CARRIER on a port that is up).
+    """
+    port = _iface(addrs, interface)
+    if port is None:
+        return {"present": False, "up": False, "carrier": False, "mtu": 0, "addresses": []}
+    flags = port.get("flags") or []
+    return {
+        "present": True,
+        "up": "UP" in flags,
+        "carrier": "UP" in flags and "NO-CARRIER" not in flags,
+        "mtu": int(port.get("mtu") or 0),
+        "addresses": [f"{a.get('local')}/{a.get('prefixlen')}" for a in port.get("addr_info") or []
+                      if a.get("family") == "inet"],
+    }
+
+
+def fabric_drift(addrs, interface, address, prefix, mtu):
+    """How the live port differs from what the role configured: [sentence], empty when it matches.
+
+    Only what netplan apply (and a link up) puts back: the administrative state, the MTU, the address.
+    """
+    port = fabric_port(addrs, interface)
+    if not port["present"]:
+        return []
+    drift = []
+    if not port["up"]:
+        drift.append(f"{interface} is down (set down by hand: ip link set {interface} down)")
+    if port["mtu"] != int(mtu):
+        drift.append(f"{interface} has MTU {port['mtu']}, configured {mtu}")
+    want = f"{address}/{prefix}"
+    if want not in port["addresses"]:
+        drift.append(f"{interface} lacks its address {want} (has {', '.join(port['addresses']) or 'none'})")
+    return drift
+
+
+def fabric_peer_port(peer, hostvars, play_hosts, interface):
+    """A peer's port as its own play last read it ({host, in_play, port}; port None outside this run)."""
+    if peer not in play_hosts:
+        return {"host": peer, "in_play": False, "port": None}
+    facts = hostvars[peer]
+    link = facts.get("__fabric_link") or {}
+    text = link.get("stdout") if link.get("stdout") and not link.get("skipped") else \
+        ((facts.get("__fabric_probe") or {}).get("addrs") or {}).get("stdout")
+    try:
+        addrs = json.loads(text or "[]")
+    except ValueError:
+        addrs = []
+    return {"host": peer, "in_play": True, "port": fabric_port(addrs, interface)}
+
+
+def fabric_port_cause(port, want, peers):
+    """Why the port is still not as configured after netplan apply: the real cause, not a guess.
+
+    want: {interface, ip, prefix, mtu} as configured; peers: [{host, in_play, port (fabric_port of its
+    live state, or None)}].
+    """
+    interface, address, prefix, mtu = want["interface"], want["ip"], want["prefix"], want["mtu"]
+    causes = []
+    if not port["present"]:
+        return [f"{interface} does not exist"]
+    if not port["up"]:
+        causes.append(f"{interface} is still down after netplan apply and ip link set up: the driver refuses to bring "
+                      "it up (ip link set up reports why; dmesg)")
+    elif not port["carrier"]:
+        down = [p["host"] for p in peers if p.get("in_play") and p.get("port") and not p["port"]["up"]]
+        outside = [p["host"] for p in peers if not p.get("in_play")]
+        if down:
+            causes.append(f"no carrier: the peer's port is down on {', '.join(down)} (set down by hand there); this run "
+                          "brings it up when that node is in it")
+        elif outside:
+            causes.append(f"no carrier: the peer {', '.join(outside)} (outside this run) is off, or its port is down "
+                          f"(ip link show {interface} there), or the cable is not in this port")
+        else:
+            causes.append("no carrier although the peer's port is up: the cable is not in this port (ip -br link shows "
+                          "which ConnectX-7 port has carrier; set spark_fabric_interface to it) or the cable is damaged")
+    if port["mtu"] != int(mtu):
+        causes.append(f"MTU {port['mtu']} after netplan apply, configured {mtu}: something else sets it on this port "
+                      f"(networkctl status {interface}, nmcli device show {interface}); "
+                      "the role's netplan file must be the only one naming the port")
+    want = f"{address}/{prefix}"
+    if want not in port["addresses"] and port["carrier"]:
+        causes.append(f"address {want} missing after netplan apply: another renderer manages {interface} "
+                      f"(networkctl status {interface}, nmcli device) or another file in /etc/netplan names it")
+    elif want not in port["addresses"]:
+        causes.append(f"address {want} not set while there is no carrier (networkd configures it once the link is up)")
+    return causes
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -117,4 +214,8 @@ class FilterModule:
             "fabric_off_subnet": fabric_off_subnet,
             "fabric_ifaces_in_network": fabric_ifaces_in_network,
             "fabric_nft_missing": fabric_nft_missing,
+            "fabric_port": fabric_port,
+            "fabric_peer_port": fabric_peer_port,
+            "fabric_drift": fabric_drift,
+            "fabric_port_cause": fabric_port_cause,
         }
