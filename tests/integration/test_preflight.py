@@ -6,7 +6,10 @@ a real size-limited tmpfs mounted over SSH at the model directory's parent.
 
 from __future__ import annotations
 
+import json
 import re
+import time
+import urllib.request
 
 import pytest
 
@@ -37,6 +40,12 @@ def findings(result) -> set[tuple[str, str, str]]:
 
 def summary(result) -> str:
     return next(iter(result.results(SUMMARY_TASK).values()))["msg"]
+
+
+def failures(result) -> dict[str, int]:
+    """The play recap's failed= count of each node."""
+    stats = next(e["event_data"] for e in result.events if e.get("event") == "playbook_on_stats")
+    return {host: stats.get("failures", {}).get(host, 0) for host in ("spark-0", "spark-1")}
 
 
 @pytest.fixture
@@ -102,7 +111,9 @@ def test_preflight_reports_every_fault_of_every_node_in_one_run(sim_inventory, k
         "preflight_fabric_interfaces": ["enp1s0f1np1", "enp1s0f0np0"],
     })
     assert result.rc != 0
-    assert [d["task"] for d in result.failed] == [STOP_TASK], "a probe failed instead of being reported"
+    # Each node fails on its own account.
+    assert sorted((d["host"], d["task"]) for d in result.failed) == [("spark-0", STOP_TASK), ("spark-1", STOP_TASK)], \
+        "a probe failed instead of being reported"
     assert result.changed == []
     assert findings(result) == {
         ("spark-0", "FATAL", "arch"),
@@ -171,5 +182,55 @@ def test_preflight_disk_counts_bytes_already_present(sim_inventory, small_fs, si
     else:
         assert result.rc != 0
         assert findings(result) == {("spark-1", "FATAL", "disk")}
+        # Only the node with the fault is failed: the healthy head is not, and the run stops all the same.
+        assert failures(result) == {"spark-0": 0, "spark-1": 1}
         missing = 48 - present_mib
         assert f"{missing:.2f} MB of the 48.00 MB checkpoint still missing, plus 8.00 MB headroom" in summary(result)
+
+
+IFACE = "enp1s0f1np1"
+
+
+def test_a_fabric_port_down_or_without_carrier_is_reported(sim_cluster, sim_inventory):
+    """Set down by hand on the worker: a warning there (fabric.yml brings it up), and the head's lost carrier is
+    explained by it; with the worker outside the run, the head's missing carrier has no explanation and is fatal."""
+    head, worker = node(sim_cluster, "spark-0"), node(sim_cluster, "spark-1")
+    sim.ssh(worker, f"ip link set {IFACE} down")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory)
+        assert result.rc == 0, summary(result)
+        assert findings(result) == {("spark-0", "WARN", "fabric-link"), ("spark-1", "WARN", "fabric-link")}
+        text = summary(result)
+        assert f"fabric interface(s) {IFACE} down (administratively: set down by hand" in text
+        assert f"fabric interface(s) {IFACE} up but without carrier: the fabric port of spark-1 is down" in text
+        alone = run_playbook(PLAYBOOK, sim_inventory, limit="spark-0")
+        assert alone.rc != 0
+        assert findings(alone) == {("spark-0", "FATAL", "fabric-link")}
+        assert "the cable is not in this port" in summary(alone)
+    finally:
+        sim.ssh(worker, f"ip link set {IFACE} up")
+    deadline = time.monotonic() + 30
+    while "NO-CARRIER" in sim.ssh(head, f"ip link show {IFACE}"):
+        assert time.monotonic() < deadline, "the head's carrier never came back"
+        time.sleep(0.2)
+
+
+def test_checkpoint_is_refused_before_any_hub_byte_when_a_workers_disk_is_short(sim_cluster, sim_inventory, small_fs):
+    """checkpoint.yml measures every node's room before the head fetches anything; only the short node fails."""
+    small_fs("spark-1", 64)
+    before = hub_stats(sim_cluster)
+    result = run_playbook("playbooks/checkpoint.yml", sim_inventory)
+    assert result.rc != 0
+    assert [(d["host"], d["task"]) for d in result.failed] == [("spark-1", STOP_TASK)]
+    assert failures(result) == {"spark-0": 0, "spark-1": 1}
+    assert result.changed == []
+    assert "spark-1  FATAL  disk" in result.failure_messages()
+    assert "Room for the checkpoint before anything is fetched of 2 node(s)" in summary(result)
+    # Not one byte, not one request for a file, left the hub; the checkpoint role never began.
+    assert hub_stats(sim_cluster) == before
+    assert not [e for e in result.task_events() if e["event_data"].get("role") == "checkpoint"]
+
+
+def hub_stats(cluster) -> dict:
+    with urllib.request.urlopen(f"{cluster.hub_url}/_emulator/stats", timeout=10) as resp:  # noqa: S310 - the harness hub
+        return json.loads(resp.read())["bytes_served"]

@@ -102,6 +102,9 @@ def disk_probe(avail=500 * 1024 * MIB, mount="/", present=0, *, rc=0, stderr="")
     return command(0, f"     Avail Mounted on\n{avail:>10} {mount}\n{present}")
 
 
+UP_NO_CARRIER = {"enp1s0f1np1": {"up": True, "carrier": False, "operstate": "down"}}
+
+
 def netdevs_probe(names=("lo", "enp1s0f0np0", "enp1s0f1np1")):
     """What ansible.builtin.find registers for /sys/class/net."""
     files = [{"path": f"/sys/class/net/{name}", "islnk": name != "bonding_masters"} for name in names]
@@ -272,6 +275,25 @@ CASES = {
                  FIX["fabric"])]),
     "fabric-not-configured": (probes(netdevs={"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}),
                               {"preflight_fabric_interfaces": []}, []),
+    # The port set down by hand here; its peer then sees it up without carrier, explained by this one.
+    "fabric-down": (probes(links={"enp1s0f1np1": {"up": False, "carrier": None, "operstate": "down"}}),
+                    {"preflight_fabric_interfaces": ["enp1s0f1np1"]},
+                    [("warn", "fabric-link", "fabric interface(s) enp1s0f1np1 down (administratively: set down by hand, "
+                      "or never brought up)", "playbooks/fabric.yml brings it up and reports the drift (site.yml runs it "
+                      "after preflight); or ip link set enp1s0f1np1 up.")]),
+    "fabric-peer-down": (probes(links=UP_NO_CARRIER, peer_links={"spark-1": {"enp1s0f1np1": {"up": False}}}),
+                         {"preflight_fabric_interfaces": ["enp1s0f1np1"]},
+                         [("warn", "fabric-link", "fabric interface(s) enp1s0f1np1 up but without carrier: the fabric "
+                           "port of spark-1 is down", "playbooks/fabric.yml brings the peer's port up (site.yml runs it "
+                           "after preflight).")]),
+    "fabric-no-carrier": (probes(links=UP_NO_CARRIER, peer_links={"spark-1": {"enp1s0f1np1": {"up": True}}}),
+                          {"preflight_fabric_interfaces": ["enp1s0f1np1"]},
+                          [("fatal", "fabric-link", "fabric interface(s) enp1s0f1np1 up but without carrier",
+                            "Check the cable and the peer: the cable is not in this port (ip -br link shows which "
+                            "ConnectX-7 port has carrier; set spark_fabric_interface to it), or the peer is off or its "
+                            "port down.")]),
+    "fabric-up": (probes(links={"enp1s0f1np1": {"up": True, "carrier": True, "operstate": "up"}}),
+                  {"preflight_fabric_interfaces": ["enp1s0f1np1"]}, []),
 }
 
 
@@ -298,7 +320,7 @@ def test_the_table_names_known_severities_and_has_every_field():
         assert set(entry) <= {"check", "severity", "vars", "when", "problem", "fix"}, entry
         assert {"check", "severity", "when", "problem", "fix"} <= set(entry), entry
     assert {e["check"] for e in CHECKS} == {"arch", "os", "gpu", "gpu-count", "gpu-name", "gpu-cc", "gpu-driver",
-                                            "gpu-busy", "docker", "memory", "swap", "disk", "fabric"}
+                                            "gpu-busy", "docker", "memory", "swap", "disk", "fabric", "fabric-link"}
 
 
 def test_every_fault_of_a_node_is_reported_in_table_order():

@@ -171,7 +171,9 @@ def preflight_facts(probes):
 
     probes: {facts: {architecture, distribution, distribution_version} (setup),
              unit: systemd_service result, container: {name, id} of the unit's container (id "" if none),
-             gpu, docker, disk: command results, meminfo: slurp result, netdevs: find result}
+             gpu, docker, disk: command results, meminfo: slurp result, netdevs: find result,
+             links: {interface: {up, carrier, operstate}} of the fabric ports,
+             peer_links: {peer host of this run: its links}}
     """
     status = (probes.get("unit") or {}).get("status") or {}
     container = probes.get("container") or {}
@@ -183,6 +185,7 @@ def preflight_facts(probes):
     }
     setup = probes.get("facts") or {}
     meminfo = _decoded(probes.get("meminfo"))
+    links = probes.get("links") or {}
     return {
         "arch": setup.get("architecture", ""),
         "distribution": setup.get("distribution", ""),
@@ -193,6 +196,13 @@ def preflight_facts(probes):
         "memory": {"available_mib": _meminfo_mib(meminfo, "MemAvailable"), "swap_mib": _meminfo_mib(meminfo, "SwapTotal")},
         "disk": _disk(probes.get("disk")),
         "netdevs": sorted(f["path"].rsplit("/", 1)[-1] for f in (probes.get("netdevs") or {}).get("files") or []),
+        # The fabric ports' link state: down (administratively), or up without carrier.
+        "links": links,
+        "fabric_down": sorted(name for name, link in links.items() if not link.get("up")),
+        "fabric_no_carrier": sorted(name for name, link in links.items() if link.get("up") and link.get("carrier") is False),
+        # The peers of this run whose fabric port is down: they explain this node's missing carrier.
+        "peers_down": sorted(host for host, peer in (probes.get("peer_links") or {}).items()
+                             if any(not link.get("up") for link in (peer or {}).values())),
     }
 
 

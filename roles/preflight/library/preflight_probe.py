@@ -36,11 +36,20 @@ options:
   server_container:
     description: Name of the server's container, whose full ID ties a rank's processes to the unit.
     type: str
-    required: true
+    default: ""
   list_netdevs:
     description: List the node's network interfaces (only needed when fabric interfaces are checked).
     type: bool
     default: false
+  disk_only:
+    description: Read only the disk (free space where the model directory lands, bytes already in it).
+    type: bool
+    default: false
+  links:
+    description: Interfaces whose link state is read (the fabric's).
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -68,15 +77,21 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+links:
+  description:
+    - Each interface of O(links) that exists, C({up, carrier, operstate}) from C(/sys/class/net/<name>)
+      (C(up) is the administrative state, C(carrier) null when the port is down and the kernel cannot tell).
+  returned: unless O(disk_only)
+  type: dict
 ansible_facts:
   description: C(architecture), C(distribution) and C(distribution_version) (and the rest of the platform and
     distribution collectors' facts), as M(ansible.builtin.setup) gathers them.
-  returned: always
+  returned: unless O(disk_only)
   type: dict
 gpu:
   description: C(nvidia-smi)'s GPU list, then C(--- apps) and the compute processes, then per process
     C(--- cgroup <pid>) and its cgroups (or C(--- gone <pid>) when it exited meanwhile).
-  returned: always
+  returned: unless O(disk_only)
   type: dict
   contains:
     rc: {description: The exit status (127 when nvidia-smi is not installed)., type: int}
@@ -84,7 +99,7 @@ gpu:
     stderr: {description: The error output., type: str}
 docker:
   description: C(docker info)'s runtimes as JSON, then C(--- container) and the server container's full ID (if any).
-  returned: always
+  returned: unless O(disk_only)
   type: dict
   contains:
     rc: {description: The exit status (127 when docker is not installed)., type: int}
@@ -100,7 +115,7 @@ disk:
     stderr: {description: The error output., type: str}
 meminfo:
   description: C(/proc/meminfo), as M(ansible.builtin.slurp) returns it.
-  returned: always
+  returned: unless O(disk_only)
   type: dict
   contains:
     content: {description: The file, base64-encoded., type: str}
@@ -108,7 +123,7 @@ meminfo:
     source: {description: Always C(/proc/meminfo)., type: str}
 netdevs:
   description: The entries of C(/sys/class/net) as M(ansible.builtin.find) lists them (empty unless O(list_netdevs)).
-  returned: always
+  returned: unless O(disk_only)
   type: dict
   contains:
     files: {description: One C({path}) per interface., type: list, elements: dict}
@@ -180,16 +195,46 @@ def _netdevs():
     return {"files": files, "matched": len(files), "examined": len(files)}
 
 
+IFF_UP = 0x1
+
+
+def _links(names):
+    """Administrative state, carrier and operstate of each named interface that exists."""
+    out = {}
+    for name in names:
+        base = os.path.join(NETDEVS, name)
+        if not name or "/" in name or not os.path.isdir(base):
+            continue
+        state = {}
+        for item in ("flags", "carrier", "operstate"):
+            try:
+                with open(os.path.join(base, item)) as f:
+                    state[item] = f.read().strip()
+            except OSError:
+                # carrier cannot be read on a port that is down (EINVAL).
+                state[item] = None
+        out[name] = {
+            "up": bool(int(state["flags"] or "0", 16) & IFF_UP),
+            "carrier": None if state["carrier"] is None else state["carrier"] == "1",
+            "operstate": state["operstate"] or "unknown",
+        }
+    return out
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "model_dir": {"type": "path", "required": True},
-            "server_container": {"type": "str", "required": True},
+            "server_container": {"type": "str", "default": ""},
             "list_netdevs": {"type": "bool", "default": False},
+            "links": {"type": "list", "elements": "str", "default": []},
+            "disk_only": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
     p = module.params
+    if p["disk_only"]:
+        module.exit_json(changed=False, disk=_sh(module, "preflight-disk", DISK, p["model_dir"]))
     facts = PlatformFactCollector().collect(module=module)
     facts.update(DistributionFactCollector().collect(module=module, collected_facts=facts))
     module.exit_json(
@@ -200,6 +245,7 @@ def main():
         meminfo=_slurp("/proc/meminfo"),
         disk=_sh(module, "preflight-disk", DISK, p["model_dir"]),
         netdevs=_netdevs() if p["list_netdevs"] else {"files": [], "matched": 0, "examined": 0},
+        links=_links(p["links"]),
     )
 
 
