@@ -393,8 +393,10 @@ def test_nodes_whose_filesystem_is_too_small_are_refused_before_any_byte_moves(n
             free = int(sim.ssh(n, f"df -B1 --output=avail {PARENT} | tail -1"))
             assert 0 < free < total
         hub.reset_counters()
-        # No reserve: the refusal must come from the checkpoint itself not fitting.
-        r = play(nodes, hub, checkpoint_disk_reserve_bytes=0)
+        # No reserve: the refusal must come from the checkpoint itself not fitting. The declared size that
+        # checkpoint.yml's first play (preflight's disk rule) checks is made tiny, so that the role's own check
+        # against the record is what refuses here.
+        r = play(nodes, hub, checkpoint_disk_reserve_bytes=0, preflight_checkpoint_bytes=1, preflight_disk_headroom_bytes=0)
         assert r.rc != 0
         assert sorted((d["host"], d["task"]) for d in r.failed) == [("spark-0", DISK), ("spark-1", DISK)]
         msg = r.failure_messages()
