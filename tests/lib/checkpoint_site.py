@@ -52,6 +52,10 @@ def make_site(base: Path, hub) -> dict:
             "checkpoint_sync_ssh_command": str(rsh),
             "checkpoint_progress_interval": 1,
             "checkpoint_disk_reserve_bytes": 0,
+            # The room checkpoint.yml measures first (preflight's disk rule) for this small checkpoint, as the
+            # simulated nodes' test site sets it (tests/inventory/group_vars/spark/preflight.yml).
+            "preflight_checkpoint_bytes": 1 << 30,
+            "preflight_disk_headroom_bytes": 100 << 20,
         },
     }
 
