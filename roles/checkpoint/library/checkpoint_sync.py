@@ -24,8 +24,9 @@ description:
     never on a command line, in a file on the destination, or in the result. The daemon dies with the
     module (it is the module's child, with a parent-death signal) and its directory is removed
     whatever happens; a directory left by a killed run is removed by the next one.
-  - When the daemon cannot start (the port is taken, the address is not here) or the destination cannot
-    reach it, the files go over ssh instead (RV(transport), RV(fallback_reason)).
+  - When the daemon cannot start (the port is taken, the address is not here), or no stream could pull a
+    byte from it (the destination cannot reach it, is refused, or lacks O(remote_python)), the files go over
+    ssh instead (RV(transport), RV(fallback_reason)).
   - With O(transport=ssh) the files are pushed through rsync's remote shell O(ssh_command).
   - One sync per destination directory at a time; a second waits for the first (its progress says so).
   - Resumable. An interrupted file is kept in O(partial_dir) on the destination and used as the
@@ -467,21 +468,6 @@ def pull_command(p: dict, daemon: Daemon, dest: str, rsync_argv: list[str]) -> t
     return [*ssh, shlex.join(remote)], shlex.join([*ssh, *pull])
 
 
-def probe(p: dict, daemon: Daemon, first_file: str) -> None:
-    """The destination lists one file from the daemon: its route, the firewall, the address and the secret work."""
-    remote = [p["remote_python"], "-c", REMOTE_HELPER, str(len(daemon.secret)), "rsync", "--list-only",
-              f"--address={p['dest_host']}", "--password-file=/dev/fd/@FD@", daemon.url() + first_file]
-    argv = [*shlex.split(p["ssh_command"]), f"{p['dest_user']}@{p['dest_host']}", shlex.join(remote)]
-    try:
-        proc = subprocess.run(argv, input=daemon.secret.encode(), capture_output=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise DaemonUnavailable(f"{p['dest_host']} could not be asked to reach the daemon: {e}") from e
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().replace(daemon.secret, "<secret>")
-        raise DaemonUnavailable(f"{p['dest_host']} could not pull from {daemon.url()} (rc {proc.returncode}: "
-                                f"{' | '.join(err.splitlines()[-3:])}; daemon log: {daemon.log_tail(3)})")
-
-
 class Lock:
     """One sync per destination: a second one waits for the first, saying so in its progress."""
 
@@ -588,24 +574,45 @@ def main() -> None:
                             client=p["dest_host"], streams=p["streams"], runtime_dir=p["runtime_dir"])
             try:
                 daemon.start()
-                probe(p, daemon, files[0])
-                result["port"] = p["port"]
             except DaemonUnavailable as e:
                 daemon.stop()
                 daemon = None
                 transport = "ssh"
                 result["fallback_reason"] = str(e)
-        result["transport"] = transport
-        _transfer(module, p, result, files=files, sizes=sizes, total=total, src=src, dest=dest,
-                  partial_dir=partial_dir, daemon=daemon, say=say)
+        job = {"files": files, "sizes": sizes, "total": total, "src": src, "dest": dest, "partial_dir": partial_dir,
+               "say": say}
+        streams = _transfer(p, result, transport=transport, daemon=daemon, **job)
+        if daemon is not None and all(s.rc != 0 and s.done == 0 for s in streams) and not result["transferred_files"]:
+            # Not one byte came over the daemon (the destination could not reach it, was refused, or lacks
+            # remote_python): over ssh then. A failure of the destination itself fails there again, and is reported.
+            result["fallback_reason"] = (f"{p['dest_host']} could not pull from {daemon.url()}: "
+                                         f"{_errors(streams, daemon)[0]}; daemon log: {daemon.log_tail(3)}")
+            daemon.stop()
+            daemon = None
+            result.update(transferred_files=0, bytes_sent=0, streams=[])
+            streams = _transfer(p, result, transport="ssh", daemon=None, **job)
+        result["port"] = p["port"] if daemon is not None else None
+        _report(module, p, result, streams, daemon=daemon, say=say, partial_dir=partial_dir, dest=dest)
     finally:
         if daemon is not None:
             daemon.stop()
         lock.release()
 
 
-def _transfer(module, p, result, *, files, sizes, total, src, dest, partial_dir, daemon, say) -> None:
-    transport = result["transport"]
+def _errors(streams: list[Stream], daemon: Daemon | None) -> list[str]:
+    out = []
+    for s in streams:
+        if s.rc != 0:
+            err = s.stderr.decode(errors="replace").strip()
+            if daemon is not None:
+                err = err.replace(daemon.secret, "<secret>")
+            out.append(f"rc={s.rc}: {' | '.join(err.splitlines()[-3:])[-800:]}")
+    return out
+
+
+def _transfer(p, result, *, transport, daemon, files, sizes, total, src, dest, partial_dir, say) -> list[Stream]:
+    """Run the streams to their end, writing progress; the result gets the transport, counts and seconds."""
+    result["transport"] = transport
     target = f"{p['dest_user']}@{p['dest_host']}:{dest}/"
     common = rsync_args(partial_dir)
     started = time.monotonic()
@@ -637,10 +644,8 @@ def _transfer(module, p, result, *, files, sizes, total, src, dest, partial_dir,
             for t in threads:
                 t.join(timeout=1.0 / len(threads))
         result["seconds"] = round(time.monotonic() - started, 3)
-
     # Pulling, the destination's rsync is the receiver: what it received is what moved.
     moved_re = STAT_RECEIVED_RE if daemon is not None else STAT_SENT_RE
-    failed = []
     for s in streams:
         text = s.out.decode(errors="replace")
         nfiles = STAT_FILES_RE.search(text)
@@ -648,22 +653,23 @@ def _transfer(module, p, result, *, files, sizes, total, src, dest, partial_dir,
         result["transferred_files"] += int(nfiles.group(1).replace(",", "")) if nfiles else 0
         result["bytes_sent"] += int(moved.group(1).replace(",", "")) if moved else 0
         result["streams"].append({"files": len(s.files), "bytes": sum(sizes[f] for f in s.files), "rc": s.rc})
-        if s.rc != 0:
-            err = s.stderr.decode(errors="replace").strip()
-            if daemon is not None:
-                err = err.replace(daemon.secret, "<secret>")
-            failed.append(f"rc={s.rc}: {err[-800:]}")
-    say("failed" if failed else "done", f"sync to {p['dest_host']} over {transport} "
+    return streams
+
+
+def _report(module, p, result, streams, *, daemon, say, partial_dir, dest) -> None:
+    failed = _errors(streams, daemon)
+    total = sum(s["bytes"] for s in result["streams"])
+    say("failed" if failed else "done", f"sync to {p['dest_host']} over {result['transport']} "
         + ("failed" if failed else f"done in {result['seconds']} s"), done_bytes=None if failed else total)
     if failed:
         how = (f"pulling from {daemon.url()} on {p['dest_host']}" if daemon is not None
-               else f"pushing to {target}")
-        command = streams[0].shown
+               else f"pushing to {p['dest_user']}@{p['dest_host']}:{dest}/")
         if daemon is not None:
             failed[0] += f"; daemon log: {daemon.log_tail(4)}"
         module.fail_json(
             msg=f"{len(failed)} of {len(streams)} rsync streams {how} failed; partial files are kept in "
-            f"{partial_dir} and resume on the next run. Command: {command}. First error: {failed[0]}", **result)
+            f"{partial_dir} and resume on the next run. Command: {streams[0].shown}. First error: {failed[0]}",
+            **result)
     module.exit_json(**result)
 
 
