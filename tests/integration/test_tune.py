@@ -22,6 +22,9 @@ from tests.lib.supervised import REVISION, checkpoint_files, generate
 
 CONTEXTS = [65536, 131072, 262144, 524288]
 BUDGET = 4 * 65536
+# At most 5: the trial at 5 still proves the first frontier (4 fits, 5 does not) and saves the
+# doubling to 8 and the bisection back (two restarts of minutes on a loaded CI machine).
+TUNE = {"sglang_tune_contexts": CONTEXTS, "sglang_tune_max_requests": 5}
 ARGS = "/etc/sglang/server-args.json"
 UNIT = "sglang.service"
 PINNED = {"checkpoint_revision": REVISION}
@@ -59,7 +62,7 @@ def site(sim_cluster):
 def tuned(site, tmp_path_factory):
     out = tmp_path_factory.mktemp("tune")
     result = run_playbook("playbooks/tune.yml", site.inventory, timeout=1800, extravars={
-        **PINNED, "sglang_tune_contexts": CONTEXTS, "sglang_tune_dir": str(out), "tune_benchmark": True,
+        **PINNED, **TUNE, "sglang_tune_dir": str(out), "tune_benchmark": True,
         "sglang_benchmark_max_tokens": 8, "sglang_benchmark_min_requests": 2, "sglang_benchmark_rounds": 1})
     assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
     (report,) = out.glob("tune-*Z.json")
@@ -71,6 +74,10 @@ def test_the_frontier_is_found_exactly(tuned):
     assert [(r["context"], r["max_requests"]) for r in report["frontier"]] == [
         (65536, 4), (131072, 2), (262144, 1), (524288, 0)]
     assert [r["startable"] for r in report["frontier"]] == [True, True, True, False]
+    # Both sides of each frontier were tried: a fit at the frontier and a failure one above it.
+    tried = {(t["context"], t["requests"]): t["fits"] for t in report["trials"]}
+    assert [tried.get((c, n)) for c, n in ((65536, 4), (65536, 5), (131072, 2), (131072, 3), (262144, 1), (262144, 2),
+                                          (524288, 1))] == [True, False, True, False, True, False, False], tried
     failed = [t for t in report["trials"] if not t["fits"]]
     assert failed and all("hybrid (mamba/linear-attention) state cache" in t["reason"] for t in failed), failed
     # Every trial is one real candidate: none repeated, none the budget contradicts.
@@ -116,7 +123,7 @@ def test_a_second_run_resumes_and_ends_on_the_profile_tune_apply_names(tuned, si
     _result, report, out = tuned
     before = [started(n) for n in site.nodes]
     result = run_playbook("playbooks/tune.yml", site.inventory, timeout=1800, extravars={
-        **PINNED, "sglang_tune_contexts": CONTEXTS, "sglang_tune_dir": str(out), "tune_apply": "ctx131072-req2"})
+        **PINNED, **TUNE, "sglang_tune_dir": str(out), "tune_apply": "ctx131072-req2"})
     assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
     assert [e for e in result.task_events("runner_on_ok") if e["event_data"].get("task") == "Show the candidate"] == []
     assert "Resuming:" in " ".join(next(iter(result.results("Show where the tune starts").values()))["msg"])
