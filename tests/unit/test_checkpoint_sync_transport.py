@@ -13,12 +13,14 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import _BOOTSTRAP, REPO, run_role_module
 
 FILES = {"model-00001-of-00003.safetensors": 700_000, "model-00002-of-00003.safetensors": 500_000,
          "model-00003-of-00003.safetensors": 300_000, "config.json": 1_200, "tokenizer.json": 90_000}
@@ -178,3 +180,32 @@ def test_rsyncd_needs_the_listen_address(site):
     args = {k: v for k, v in site["args"].items() if k != "listen_address"}
     res = run_sync(args, site["tmp"])
     assert res["failed"] and "listen_address" in res["msg"]
+
+
+def test_a_killed_sync_leaves_no_listening_daemon_and_the_next_run_finishes(site):
+    """kill -9 of the module mid-transfer: its daemon dies with it (parent-death signal), nothing listens on
+    the port, and the next run removes the dead run's secret and completes the files."""
+    args = {**site["args"], "extra_args": ["--bwlimit=64"]}
+    argsfile = site["tmp"] / "killed-args.json"
+    argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": False}}))
+    role = REPO / "roles" / "checkpoint"
+    proc = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, str(role / "module_utils"),
+                             str(role / "library" / "checkpoint_sync.py"), str(argsfile)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        progress = Path(args["progress_path"])
+        # Until bytes flow over the daemon.
+        while not (progress.is_file() and json.loads(progress.read_text()).get("done_bytes")):
+            assert proc.poll() is None, "the sync ended before it could be killed"
+        assert not port_is_free(args["port"])
+        assert list(site["runtime"].glob("rsyncd-*")), "the run's secret directory exists while it runs"
+    finally:
+        proc.kill()
+        proc.wait()
+    while not port_is_free(args["port"]):
+        pass  # the daemon goes when its parent does
+    res = run_sync(site["args"], site["tmp"])
+    assert not res.get("failed"), res
+    assert res["transport"] == "rsyncd"
+    assert same_tree(site["src"], site["dest"])
+    assert not list(site["runtime"].glob("rsyncd-*"))

@@ -284,12 +284,30 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def listening(pid: int, port: int) -> bool:
-    """Whether process `pid` holds a TCP socket listening on `port` (its own, not another program's)."""
-    try:
-        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-    except OSError:
-        return False
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group `pgid`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def listening(pgid: int, port: int) -> bool:
+    """Whether a process of group `pgid` holds a TCP socket listening on `port` (ours, not another program's)."""
+    links = set()
+    for pid in group_pids(pgid):
+        try:
+            links |= {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
     inodes = {link[8:-1] for link in links if link.startswith("socket:[")}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -372,8 +390,11 @@ class Daemon:
             raise DaemonUnavailable(f"cannot write the daemon's configuration under {self.runtime_dir}: {e}") from e
         stderr = open(os.path.join(self.dir, "stderr"), "wb")  # noqa: SIM115 - the child keeps it
         try:
+            # A shell leads the daemon's process group: when the module ends, however it ends, the shell gets
+            # the parent-death signal and kills the group, the children serving connections included.
             self.proc = subprocess.Popen(
-                [self.rsync_path, "--daemon", "--no-detach", f"--address={self.listen}", f"--port={self.port}",
+                ["sh", "-c", 'trap "trap - TERM; kill -KILL 0" TERM; "$@" & wait $!', "checkpoint-rsyncd",
+                 self.rsync_path, "--daemon", "--no-detach", f"--address={self.listen}", f"--port={self.port}",
                  f"--config={conf}"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, close_fds=True,
                 start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads yet
@@ -424,9 +445,14 @@ class Stream:
         self.rc: int | None = None
         self.stderr = b""
 
-    def run(self) -> None:
+    def start(self) -> None:
+        """In the module's main thread (the parent-death signal follows the thread that forks): a stream
+        does not outlive the module."""
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL)
+                                     stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 - started before any thread
+
+    def run(self) -> None:
         err_chunks = []
         t = threading.Thread(target=lambda: err_chunks.append(self.proc.stderr.read()), daemon=True)
         t.start()
@@ -630,6 +656,8 @@ def _transfer(p, result, *, transport, daemon, files, sizes, total, src, dest, p
             argv = [p["rsync_path"], *common, f"--files-from={listfile}", "-e", p["ssh_command"], *p["extra_args"],
                     f"{src}/", target]
             streams.append(Stream(argv, subset))
+        for stream in streams:
+            stream.start()
         threads = [threading.Thread(target=s.run, daemon=True) for s in streams]
         for t in threads:
             t.start()
