@@ -205,7 +205,11 @@ def test_an_oom_kill_after_a_fixed_start_shows_only_the_new_cause_and_its_remedy
     kept = {"context-length": 262144, "log-requests": True, "max-running-requests": 1}
     failed = deploy(first, sglang_server_flag_overrides=kept, sglang_server_container_memory="96g")
     assert failed.rc != 0
-    _, files, _ = run_doctor(first, tmp_path)
+    _, files, bundle = run_doctor(first, tmp_path)
+    # The healthy start with the logged secrets is history now: its journal is in the bundle, redacted too.
+    assert "<redacted>" in files["spark-0/journal-history.log"]
+    raw = subprocess.run(["tar", "-xzOf", str(bundle)], capture_output=True, check=True).stdout
+    assert not [secret for secret in SECRETS if secret.encode() in raw]
     for host in ("spark-0", "spark-1"):
         found = findings(files, host)
         assert set(found) == {"oom_killed"}, (host, sorted(found))
@@ -244,10 +248,23 @@ def test_a_kill_9_is_a_signal_not_memory_and_its_peer_died_with_it(first, tmp_pa
 
 def test_a_worker_that_could_not_start_is_the_peers_absence_with_its_start_limit(first, tmp_path):
     """Finding 8: a rendezvous timeout with the peer absent is not a fabric fault; the start limit is named;
-    the failed start's own journal is the evidence after the GPU came back. Check mode writes no bundle."""
+    the failed start's own journal is the evidence after the GPU came back. Check mode writes no bundle.
+    Finding 9: a failed readiness summarises one read of every rank and fails only the rank at fault."""
     head, worker = first.nodes
     sim.set_knobs(first.instance, worker.name, {"gpu": {"present": False}})
     try:
+        # Finding 9: restart.yml's readiness fails; its summary comes from one read of every rank, and only the
+        # rank whose failure came first is marked failed (the head, waiting for it, is not, whether it still waited
+        # or gave up on its missing peer by the time of the read).
+        restart = run_playbook("playbooks/restart.yml", first.inventory, extravars=SERVER)
+        assert restart.rc != 0
+        assert [(d["host"], d["task"]) for d in restart.failed] == [(worker.name, "Fail with a summary")]
+        summary = restart.failure_messages()
+        assert f"one pass read it before they were stopped: {head.name} " in summary, summary
+        assert f"{worker.name} activating/auto-restart (result exit-code, exit 125, ended " in summary, summary
+        assert f"first to end: {worker.name}" in summary
+        stats = next(e["event_data"] for e in restart.events if e.get("event") == "playbook_on_stats")
+        assert head.name not in stats.get("failures", {}), stats
         # Each start fails at once; after StartLimitBurst (3 an hour) systemd refuses the next ones.
         sh(worker, f"systemctl reset-failed {UNIT}; for i in 1 2 3 4; do systemctl restart {UNIT}; sleep 1; done; true")
         sh(head, f"systemctl reset-failed {UNIT}; systemctl start {UNIT}")

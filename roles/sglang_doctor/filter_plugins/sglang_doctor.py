@@ -770,11 +770,13 @@ def history(runs, catalogue, events, kernel, limit=10):
                 seen.append({"id": entry["id"], "title": entry["title"],
                              "evidence": f"exit {run['outcome'].get('exit')}, {kill}"})
         o = run["outcome"]
+        failed = _failed(o)
         how = ("refused: start limit" if o["start_limit"] else
+               "stopped" if not failed and (o["stopped"] or o["exit"] in (0, 143)) else
                f"exit {o['exit']}" + (f" ({o['result']})" if o["result"] else "") if o["exit"] is not None else
-               "stopped" if o["stopped"] else "ended")
+               f"failed ({o['result']})" if failed else "ended")
         out.append({"invocation": run["id"], "started": _stamp(run["start"]), "ended": _stamp(run["end"]),
-                    "how": how, "findings": seen})
+                    "how": how, "failed": failed, "findings": seen})
     return out
 
 
@@ -958,7 +960,7 @@ def report_lines(host, items, secrets=None, past=None, drifted=None):
             f"  cause:  {item['cause']}",
             f"  remedy: {item['remedy']}",
         ]
-    failed_before = [h for h in past or [] if h.get("findings") or h.get("how", "").startswith(("exit", "refused"))]
+    failed_before = [h for h in past or [] if h.get("failed") or h.get("findings")]
     if failed_before:
         lines.append(f"{host} history (earlier starts, already over; no remedy):")
         for h in failed_before:
