@@ -667,8 +667,12 @@ def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60) -> st
 def _write_inventory(c: Cluster) -> None:
     key, _ = key_paths()
     inv = c.inventory
-    shutil.rmtree(inv, ignore_errors=True)
-    inv.mkdir(parents=True)
+    # What the roles keep beside the inventory (the generated API key, the TLS CA) is the controller's,
+    # not a node's: a node re-provisioned by reinstall() must not take the site's key away with it.
+    for entry in inv.iterdir() if inv.is_dir() else []:
+        if entry.name != ".credentials":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    inv.mkdir(parents=True, exist_ok=True)
     known = c.state_dir / "known_hosts"
     lines = []
     for n in c.nodes:

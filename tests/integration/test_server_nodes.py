@@ -40,7 +40,7 @@ STAMP_CHECK = "Refuse to start on a checkpoint that is not verified at the pinne
 ARCH_CHECK = "Refuse an image that is missing or not linux/arm64"
 SAME_IMAGE = "Refuse ranks that would run different images"
 OUTSIDE_CHECK = "Refuse a run under --limit whose ranks could not restart together"
-JOURNALS = "Show the last journal lines of every rank"
+JOURNALS = "Show the last journal lines of every rank's current start"
 GIVE_UP = "Fail with a summary"
 
 # deployment-facts.md, "The field-tested launch command" (--model-path is the container path of
@@ -290,7 +290,11 @@ def test_reprovisioned_worker_converges_alone_and_every_rank_restarts(serving, s
     # because the group lost a rank with the reinstall and nothing answers.
     preview = run_playbook("site.yml", sim_inventory, limit=worker.name, check=True)
     assert failed_at(preview) == {"Fail when a check failed"}, preview.failure_messages() or preview.stdout[-3000:]
-    assert {"Install the systemd unit", "Install the environment file"} <= {d["task"] for d in preview.changed}
+    assert "Install the systemd unit" in {d["task"] for d in preview.changed}
+    # The env file's task is no_log (it holds the API key): ansible-runner drops `changed` from a censored
+    # result, the display line keeps it.
+    assert any(e["event_data"].get("task") == "Install the environment file" and e["event_data"].get("host") == worker.name
+               and "changed:" in e.get("stdout", "") for e in preview.task_events("runner_on_ok"))
     assert ssh(worker, f"test -e {UNIT_PATH} || echo absent").strip() == "absent"
 
     result = run_playbook("site.yml", sim_inventory, limit=worker.name)
@@ -400,7 +404,7 @@ def test_failed_start_fails_early_shows_every_journal_and_stops_every_rank(servi
         rounds = [e for e in result.task_events("runner_on_ok") if e["event_data"].get("task") == PROBE]
         assert 1 <= len(rounds) <= 2, len(rounds)
         shown = next(iter(result.results(JOURNALS).values()))["results"]
-        journals = {r["item"]["item"]: "\n".join(r["msg"]) for r in shown}
+        journals = {r["item"]: "\n".join(r["msg"]) for r in shown}
         assert set(journals) == {head.name, worker.name}
         assert "FileNotFoundError" in journals[worker.name] and "processor_config.json" in journals[worker.name]
         assert "waiting for 1 other rank" in journals[head.name]
