@@ -29,6 +29,9 @@ PACKAGES = [
     "ca-certificates", "procps", "sudo", "less", "jq", "ethtool", "kmod",
     # The TLS proxy the server role installs with apt (sglang_server_tls): nodes have no mirror.
     "nginx",
+    # Monitoring from the distribution's packages (the monitoring role installs them with apt):
+    # Prometheus (with promtool) on the monitoring host, the node exporter on every node.
+    "prometheus", "prometheus-node-exporter",
 ]
 
 # Clears the read-write /sys condition so udevd starts in the container;
