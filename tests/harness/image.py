@@ -47,7 +47,7 @@ SSHD_DROPIN = "UseDNS no\n"
 # Nodes have no internet, so the harness serves them from a local wheelhouse.
 WHEELHOUSE_REQUIREMENTS = ["huggingface-hub==2.4.0"]
 
-IMAGE_FORMAT = 4  # bump when the customisation below changes meaningfully
+IMAGE_FORMAT = 5  # bump when the customisation below changes meaningfully
 
 
 def image_key() -> str:
@@ -86,6 +86,10 @@ def _customise(rootfs: Path) -> None:
     # Installed only so the server role's apt task finds it: like a node without the package, nothing
     # listens until the role starts nginx (sglang_server_tls).
     run(["chroot", str(rootfs), "systemctl", "disable", "nginx.service"], check=False, quiet=True)
+    # The same for the monitoring packages: Debian enables them on install; a node the monitoring role
+    # has not configured runs no Prometheus and no exporter.
+    for unit in sorted((rootfs / "usr/lib/systemd/system").glob("prometheus*")):
+        run(["chroot", str(rootfs), "systemctl", "disable", unit.name], check=False, quiet=True)
     (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     # apt caches are dead weight in every overlay.
     shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
