@@ -22,7 +22,11 @@ How test modules get simulated nodes (the README's Tests section says the same):
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +68,9 @@ def sim_instance_name(suffix: str = "") -> str:
 
 
 def pytest_configure(config):
+    # One name for this run's CPU log, inherited by the xdist workers started after this.
+    if not hasattr(config, "workerinput"):
+        os.environ["SPARK_TEST_RUN"] = f"{os.getpid()}"
     config.addinivalue_line(
         "markers",
         f"{SHARED_MARK}: the module only reads node state after a fresh boot and may share its worker's "
@@ -137,14 +144,19 @@ def sim_cluster(request):
     synthetic checkpoint on the bridge; the inventory points the checkpoint role at it.
     """
     _require_root()
+    nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
     if request.node.get_closest_marker(SHARED_MARK):
         pair = request.getfixturevalue("shared_pair")
-        yield pair.lend()
+        lent = pair.lend()
+        before = instance_cpu_seconds(lent.instance)
+        yield lent
+        nodes_cpu["own"] += instance_cpu_seconds(lent.instance) - before
         pair.give_back(request.node.name)
         return
     instance = sim_instance_name()
     c = sim.up(instance, 2, hub=True)
     yield c
+    nodes_cpu["own"] += instance_cpu_seconds(instance)
     if not request.config.getoption("--keep-nodes"):
         sim.down(instance)
 
@@ -152,3 +164,70 @@ def sim_cluster(request):
 @pytest.fixture(scope="module")
 def sim_inventory(sim_cluster):
     return sim_cluster.inventory
+
+
+
+# ---- where CI's budget goes ------------------------------------------------------------------
+# Wall time per module says little on a loaded 2-core machine; CPU seconds do: the worker's own and
+# its playbook runs' (rusage), and the module's simulated nodes' (their cgroup's cpu.stat).
+
+_module_seconds: dict[str, float] = {}
+_CPU_LOG = Path(tempfile.gettempdir()) / "spark-test-cpu"
+
+
+def instance_cpu_seconds(instance: str) -> float:
+    """CPU seconds every node of a harness instance used so far (0 when it is down)."""
+    try:
+        stat = (sim._cgroup_root() / "spark-sim" / instance / "cpu.stat").read_text()
+    except (OSError, RuntimeError):
+        return 0.0
+    return int(stat.split("usage_usec ", 1)[1].split()[0]) / 1e6
+
+
+def _process_cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_cpu(request):
+    start = _process_cpu_seconds()
+    nodes = {"own": 0.0}
+    request.node.stash[_NODES_CPU] = nodes
+    yield
+    run = os.environ.get("SPARK_TEST_RUN", "")
+    line = {"module": request.node.nodeid, "controller": _process_cpu_seconds() - start, "nodes": nodes["own"]}
+    with open(f"{_CPU_LOG}-{run}.jsonl", "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
+_NODES_CPU = pytest.StashKey[dict]()
+
+
+def pytest_runtest_logreport(report):
+    # Runs on the controller for every worker's report too: the per-module wall time that CI's
+    # budget is spent on (setup, call and teardown, the module's pair included).
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not _module_seconds or hasattr(config, "workerinput"):
+        return
+    run = os.environ.get("SPARK_TEST_RUN", "")
+    cpu: dict[str, dict] = {}
+    log = Path(f"{_CPU_LOG}-{run}.jsonl")
+    if log.exists():
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            cpu[entry["module"]] = entry
+        log.unlink()
+    ranked = sorted(_module_seconds.items(), key=lambda kv: -kv[1])
+    terminalreporter.write_sep("=", "per module: wall seconds (setup + call + teardown), CPU seconds (controller + nodes)")
+    for module, seconds in ranked[:30]:
+        c = cpu.get(module, {})
+        terminalreporter.write_line(f"{seconds:8.1f}s wall  {c.get('controller', 0):7.1f} + {c.get('nodes', 0):7.1f} CPU-s  "
+                                    f"{module}")
+    terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s wall  "
+                                f"{sum(c['controller'] for c in cpu.values()):7.1f} + "
+                                f"{sum(c['nodes'] for c in cpu.values()):7.1f} CPU-s  in all modules")
