@@ -184,6 +184,15 @@ def test_the_issue_budget_gives_the_frontier_in_nine_trials_from_the_seed():
                      (262144, 2), (524288, 1)]
 
 
+def test_the_integration_scenario_tries_each_kind_of_candidate_once():
+    # tests/integration/test_tune.py: a failure above the running point, a fit, a failure above it,
+    # and a context that does not start; four restarts, none repeated.
+    frontier, asked = search(2 * 65536, [65536, 131072, 262144], known=[{"context": 65536, "requests": 2, "fits": True}],
+                             cap=3)
+    assert frontier == {65536: 2, 131072: 1, 262144: 0}
+    assert asked == [(65536, 3), (131072, 1), (131072, 2), (262144, 1)]
+
+
 @pytest.mark.parametrize("budget", [1, 65536, 3 * 65536 + 7, 7 * 65536, 40 * 131072, 64 * 1048576])
 def test_the_search_finds_the_true_frontier_whatever_the_budget(budget):
     contexts = [65536, 131072, 262144, 524288, 1048576]
