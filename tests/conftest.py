@@ -47,6 +47,7 @@ HEAVY_FIRST = (
     "test_day2.py",
     "test_secure_endpoint.py",
     "test_doctor.py",
+    "test_doctor_fingerprints.py",
     "test_fabric.py",
     "test_verify.py",
     "test_preflight_running.py",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tarfile
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.doctor import BUNDLE, findings, history, run_doctor, sh, shown, stop, wait_down
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import REVISION, UNIT, checkpoint_files
 
@@ -44,48 +44,10 @@ KNOBS = {"spark-0": {"sglang": {"rendezvous_timeout": 6, "load_seconds": 0.2}},
 SERVER = {"checkpoint_revision": REVISION, "sglang_server_api_key": API_KEY, "sglang_server_readiness_timeout": 300}
 # What the first deployment asks for: more concurrency at a longer context than the state cache holds.
 FIRST = {"max-running-requests": 8, "context-length": 262144, "log-requests": True}
-SHOW = "Show the node's state, last lines and findings"
-BUNDLE = "Write the bundle of every node's redacted files and the summary"
-
-
-def node(cluster, name):
-    return next(n for n in cluster.nodes if n.name == name)
-
-
-def sh(n, command, check=True):
-    return sim.ssh(n, command, timeout=120, check=check)
 
 
 def deploy(cluster, **extravars):
     return run_playbook("playbooks/server.yml", cluster.inventory, extravars={**SERVER, **extravars})
-
-
-def run_doctor(cluster, tmp_path, check=False):
-    """The doctor as an operator runs it: with the inventory alone, none of the -e that deployed the group."""
-    result = run_playbook("playbooks/doctor.yml", cluster.inventory, check=check,
-                          extravars={"sglang_doctor_bundle_dir": str(tmp_path)})
-    assert result.rc == 0, result.stdout[-4000:]
-    bundles = sorted(tmp_path.glob("doctor-*.tar.gz"))
-    assert len(bundles) == (0 if check else 1), list(tmp_path.iterdir())
-    return result, (bundle_files(bundles[0]) if bundles else {}), (bundles[0] if bundles else None)
-
-
-def bundle_files(bundle: Path) -> dict[str, str]:
-    with tarfile.open(bundle) as tar:
-        return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode("utf-8", errors="replace")
-                for m in tar.getmembers() if m.isfile()}
-
-
-def findings(files, host):
-    return {f["id"]: f for f in json.loads(files[f"{host}/findings.json"])}
-
-
-def history(files, host):
-    return json.loads(files[f"{host}/history.json"])
-
-
-def shown(result):
-    return "\n".join("\n".join(r.get("msg") or []) for r in result.results(SHOW).values())
 
 
 def generate(cluster, content="17 × 23 = ?"):
@@ -94,25 +56,6 @@ def generate(cluster, content="17 × 23 = ?"):
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - the simulated head
         return resp.status == 200 and bool(json.loads(resp.read())["choices"])
-
-
-def wait_down(cluster, *names, timeout=90):
-    """Until each rank's main process has exited (failed, waiting to restart, or inactive)."""
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while True:
-            out = sh(node(cluster, name), f"systemctl show {UNIT} -p ActiveState,SubState")
-            state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-            if state["ActiveState"] in ("failed", "inactive") or state["SubState"] == "auto-restart":
-                break
-            assert time.monotonic() < deadline, f"{name}: {UNIT} still {state}"
-            time.sleep(0.3)
-
-
-def stop(cluster, *names):
-    """What an operator (or server.yml's failed readiness) does: stop, so no restart is pending."""
-    for name in names:
-        sh(node(cluster, name), f"systemctl stop {UNIT}")
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,8 @@ VOLATILE = (
     "var/log/",
     "var/lib/systemd/",
     "var/cache/",
+    # The image's Prometheus (started at boot) writes its own write-ahead log as time passes.
+    "var/lib/prometheus/",
     "root/.ansible/",
     "etc/ld.so.cache",
     "etc/.pwd.lock",
