@@ -505,6 +505,16 @@ def test_deployed_values_come_from_the_loaded_unit_and_differences_are_drift():
     assert doctor.drift(dep, FLAG_MODEL, {"context-length": 262144}, "96g", None) == []
 
 
+def test_a_flag_the_node_runs_and_the_inventory_does_not_set_is_drift_but_topology_and_keys_are_not():
+    """A flag outside the seed's set (here a hand-added drafter) is drift too; the per-node topology flags and a
+    hand-edited key are never inventory flags."""
+    unit = exec_start().replace(" ; ignore", " --speculative-algorithm EAGLE --api-key zz ; ignore")
+    dep = doctor.deployed_values({"ExecStart": unit}, None, FLAG_MODEL)
+    assert doctor.drift(dep, FLAG_MODEL, {}, "120g", None) == [
+        {"what": "flag speculative-algorithm", "inventory": "unset", "node": "EAGLE"}]
+    assert doctor.drift(dep, FLAG_MODEL, {"speculative-algorithm": "EAGLE"}, "120g", None) == []
+
+
 def test_a_hand_edited_unit_is_named():
     dep = doctor.deployed_values({"ExecStart": exec_start().replace(" ; ignore", " --admin-api-key zz ; ignore")},
                                  json.dumps(doctor.unit_args(exec_start())), FLAG_MODEL)

@@ -296,10 +296,14 @@ def drift(deployed, flag_model, inventory_overrides, inventory_memory, inventory
         else:
             planned[str(name)] = value
     flags = deployed["flags"]
+    # Topology is derived per node and secrets never go on a command line: neither is set as a flag in the
+    # inventory. Any other flag the node runs and the inventory does not set (a hand-edited --speculative-*)
+    # is drift.
+    unplanned = {s["name"] for s in (flag_model or {}).get("flags", []) if s.get("kind") == "derived"}
+    unplanned |= set((flag_model or {}).get("secrets") or {})
     for name in list(planned) + [f for f in flags if f not in planned]:
         kind = model.get(name, ("string", None))[0]
-        if name not in model and name not in planned:
-            # Topology and secrets are derived per node, not set in the inventory.
+        if name not in planned and name in unplanned:
             continue
         want, have = planned.get(name), flags.get(name)
         if not _same(kind, want, have):
