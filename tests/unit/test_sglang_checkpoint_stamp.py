@@ -264,6 +264,46 @@ def test_a_stamp_written_by_checkpoint_verify_vouches_and_keeps_the_deployed_for
     assert checked["ok"] and not checked["changed"]
 
 
+def test_the_stamp_vouches_only_for_files_in_the_state_it_verified_them_in(tmp_path):
+    """The entry point reads the per-file states the stamp remembers, as the fast verification does: a shard
+    rewritten in place with its mtime put back, or a file gone, is not vouched for; the same files the fast
+    check would hash again."""
+    model, rec_path = _tiny_checkpoint(tmp_path / "m")
+    stamp_path = Path(str(model) + ".verified")
+    verified = run_role_module("checkpoint", "checkpoint_verify", {
+        "model_dir": str(model), "record_path": str(rec_path), "mode": "deep", "shard_count": 1,
+        "stamp_path": str(stamp_path)}, tmp_path)
+    assert verified["ok"] and stamp_module(model, tmp_path)["ok"]
+    shard = model / "model-00001-of-00001.safetensors"
+    times = shard.stat()
+    shard.write_bytes(os.urandom(times.st_size))
+    os.utime(shard, ns=(times.st_atime_ns, times.st_mtime_ns))
+    res = stamp_module(model, tmp_path)
+    assert not res["ok"] and res["problems"] == [
+        f"1 files changed since the stamp {stamp_path} verified them (size, mtime, inode or ctime), "
+        "e.g. ['model-00001-of-00001.safetensors']"]
+    fast = run_role_module("checkpoint", "checkpoint_verify", {
+        "model_dir": str(model), "record_path": str(rec_path), "mode": "fast", "shard_count": 1,
+        "stamp_path": str(stamp_path), "fail_on_problems": False}, tmp_path, check=True)
+    assert fast["changed_since_verified"] == ["model-00001-of-00001.safetensors"]
+    (model / "processor_config.json").unlink()
+    assert stamp_module(model, tmp_path)["problems"][0] == (
+        f"1 files of the record are missing from {model}, e.g. ['processor_config.json']")
+
+
+def test_a_stamp_without_per_file_memory_vouches_for_files_older_than_its_verification(tmp_path):
+    """A stamp written before stamps remembered each file: a file whose ctime is newer than verified_at changed."""
+    model, rec_path = _tiny_checkpoint(tmp_path / "m")
+    stamp_path = Path(str(model) + ".verified")
+    stamp_path.write_text(json.dumps(stamp_for(json.loads(rec_path.read_text()), model_dir=str(model),
+                                               verified_at="2099-01-01T00:00:00Z")))
+    assert stamp_module(model, tmp_path)["ok"]
+    stamp_path.write_text(json.dumps(stamp_for(json.loads(rec_path.read_text()), model_dir=str(model),
+                                               verified_at="2001-01-01T00:00:00Z")))
+    res = stamp_module(model, tmp_path)
+    assert not res["ok"] and res["problems"][0].startswith("4 files changed since the stamp"), res["problems"]
+
+
 def test_the_module_reports_what_the_server_prints(tmp_path):
     model, rec_path = _tiny_checkpoint(tmp_path / "m")
     stamp_path = Path(str(model) + ".verified")

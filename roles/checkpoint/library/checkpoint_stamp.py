@@ -16,7 +16,10 @@ description:
     verification (and removes after any failing check), and the checkpoint record beside it.
   - The stamp vouches when it records a deep check of O(model_dir) at O(revision) against that very
     record (same repository, revision and file list, compared through the record digest the stamp
-    holds). Reading the two small files is enough; the checkpoint itself is not hashed again.
+    holds), and every file of the record is still there in the state the stamp remembers it was
+    verified in (size, mtime, inode and ctime, as the role's fast verification compares them; for a
+    stamp written before stamps remembered each file, a ctime older than its verified_at). One
+    lstat per file; the checkpoint itself is not hashed again.
   - Never fails because of what it finds; every reason the stamp does not vouch is returned in
     RV(problems), one sentence each, naming the stamp, the record and the caller's variables.
 version_added: "1.1.0"
@@ -110,7 +113,7 @@ record_path:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import checkpoint_paths, read_json, stamp_problems
+from ansible.module_utils.checkpoint_common import checkpoint_paths, read_json, stamp_file_problems, stamp_problems
 
 
 def main() -> None:
@@ -129,12 +132,15 @@ def main() -> None:
     paths = checkpoint_paths(os.path.normpath(p["model_dir"]))
     stamp_path = p["stamp_path"] or paths["stamp"]
     record_path = p["record_path"] or paths["record"]
-    stamp_read = read_json(stamp_path)
+    stamp_read, record_read = read_json(stamp_path), read_json(record_path)
     problems = stamp_problems(
-        stamp_read, read_json(record_path), revision=p["revision"], model_dir=p["model_dir"],
+        stamp_read, record_read, revision=p["revision"], model_dir=p["model_dir"],
         stamp_path=stamp_path, record_path=record_path,
         model_dir_variable=p["model_dir_variable"], revision_variable=p["revision_variable"])
     stamp = stamp_read[0] if isinstance(stamp_read[0], dict) else None
+    if not problems:
+        # A stamp of this very record: do the files still have the state it verified them in?
+        problems = stamp_file_problems(stamp, record_read[0]["files"], os.path.normpath(p["model_dir"]), stamp_path)
     module.exit_json(changed=False, ok=not problems, problems=problems, stamp=stamp,
                      stamp_path=stamp_path, record_path=record_path)
 

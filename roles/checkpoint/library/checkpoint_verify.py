@@ -244,7 +244,6 @@ stamp:
   type: dict
 """
 
-import calendar
 import json
 import os
 import re
@@ -264,6 +263,7 @@ from ansible.module_utils.checkpoint_common import (
     read_json,
     record_hash,
     stamp_matches,
+    stamp_time_ns,
     still_verified,
     trusted_code_yaml,
     verified_entry,
@@ -342,14 +342,6 @@ def structure_checks(model_dir: str, files: dict, *, shard_count: int, model_typ
     if "processor_config.json" not in files:
         problems.append("the record has no processor_config.json (the server opens it by path)")
     return problems, local
-
-
-def stamp_time_ns(stamp: dict) -> int | None:
-    """The stamp's verified_at (whole seconds, UTC) in ns, or None."""
-    try:
-        return calendar.timegm(time.strptime(stamp["verified_at"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def memory_of(stamp, cache, record: dict) -> tuple[list[dict], int | None]:

@@ -16,6 +16,7 @@ unit tests load the file directly.
 
 from __future__ import annotations
 
+import calendar
 import errno
 import fcntl
 import hashlib
@@ -429,6 +430,14 @@ def new_stamp(record: dict, model_dir: str, files: dict | None = None) -> dict:
     return stamp
 
 
+def stamp_time_ns(stamp: dict) -> int | None:
+    """The stamp's verified_at (whole seconds, UTC) in ns, or None."""
+    try:
+        return calendar.timegm(time.strptime(stamp["verified_at"], "%Y-%m-%dT%H:%M:%SZ")) * 10**9
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def stamp_matches(stamp, record: dict) -> bool:
     """Whether ``stamp`` was written for this very record (its revision and its file list)."""
     return isinstance(stamp, dict) and stamp.get("revision") == record.get("revision") \
@@ -472,9 +481,10 @@ def stamp_problems(stamp_read, record_read, *, revision, model_dir, stamp_path, 
 
     ``stamp_read`` and ``record_read`` are read_json results of the two files. The stamp vouches
     when it records a deep check of this directory at the pinned revision against the record
-    beside it (same repository, revision and file list): reading the two small files is enough,
-    the checkpoint is not hashed again. The ``*_variable`` names are the caller's, so a message
-    names the variable the operator would fix. Returns every problem, empty when it vouches.
+    beside it (same repository, revision and file list), read from the two small files; whether
+    the files are still as it verified them is stamp_file_problems'. The ``*_variable`` names are
+    the caller's, so a message names the variable the operator would fix. Returns every problem,
+    empty when the two files vouch.
     """
     errors: list[str] = []
     if not isinstance(revision, str) or not REVISION_RE.fullmatch(revision):
@@ -513,3 +523,41 @@ def stamp_problems(stamp_read, record_read, *, revision, model_dir, stamp_path, 
                 f"stamp of {show(stamp.get('repo_id'))}@{show(stamp.get('revision'))}"
             )
     return errors
+
+
+def stamp_file_problems(stamp: dict, files: dict, model_dir: str, stamp_path: str) -> list[str]:
+    """What the directory's files say against the stamp's memory of them, as the fast verification reads it.
+
+    The stamp remembers each file's size, mtime, inode and ctime when it hashed to the record's
+    digest: a file missing now, or whose state differs (a shard rewritten in place, its mtime put
+    back or not), is not vouched for, exactly the files the fast check would hash again. A stamp
+    written before stamps remembered each file vouches for the files whose ctime is older than its
+    verified_at (the kernel sets ctime on any change); one without either vouches by its record.
+    One lstat per file, no byte read. For a stamp stamp_problems found nothing against.
+    """
+    memory = stamp.get("files") if isinstance(stamp.get("files"), dict) else None
+    before = None if memory is not None else stamp_time_ns(stamp)
+    missing, changed = [], []
+    for name in sorted(files):
+        if not safe_relpath(name):
+            continue
+        try:
+            st = os.lstat(posixpath.join(model_dir, name))
+        except FileNotFoundError:
+            missing.append(name)
+            continue
+        except OSError:
+            changed.append(name)
+            continue
+        if memory is not None:
+            if not still_verified(memory.get(name), st, files[name]):
+                changed.append(name)
+        elif before is not None and st.st_ctime_ns >= before:
+            changed.append(name)
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} files of the record are missing from {model_dir}, e.g. {missing[:3]}")
+    if changed:
+        problems.append(f"{len(changed)} files changed since the stamp {stamp_path} verified them (size, mtime, inode "
+                        f"or ctime), e.g. {changed[:3]}")
+    return problems
