@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.lib.playbook import REPO, run_playbook
-from tests.lib.seed import FACTS, SEED_FLAGS, facts_launch_args
+from tests.lib.seed import ADDED_FLAGS, FACTS, SEED_FLAGS, facts_launch_args
 from tests.lib.unit_file import exec_words, launch_args
 
 INVENTORY = REPO / "inventory" / "spark"
@@ -98,7 +98,10 @@ def test_server_args_are_the_seed_flag_by_flag_plus_topology(rendered, host):
     seed_only = [p for p in got if p[0] in {name for name, _ in SEED}]
     for expected, actual in zip(SEED, seed_only, strict=True):
         assert actual == expected
-    tail = dict(got[got.index(("--nnodes", "2")):])
+    # The collection's own additions come right after the seed (SGLang's /metrics for the monitoring role).
+    nnodes = got.index(("--nnodes", "2"))
+    assert got[nnodes - len(ADDED_FLAGS):nnodes] == ADDED_FLAGS
+    tail = dict(got[nnodes:])
     assert tail == {
         "--nnodes": "2",
         "--node-rank": rank,
@@ -106,7 +109,7 @@ def test_server_args_are_the_seed_flag_by_flag_plus_topology(rendered, host):
         "--host": "0.0.0.0",  # noqa: S104 - rendered text, nothing binds here
         "--port": "30000",
     }
-    assert len(got) == 1 + 1 + len(SEED) + len(tail)
+    assert len(got) == 1 + 1 + len(SEED) + len(ADDED_FLAGS) + len(tail)
 
 
 def test_seed_list_of_this_test_is_the_facts_file_one():
@@ -210,7 +213,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
         "sglang_server_flag_overrides": {
             "context-length": 32768,
             "disable-shared-experts-fusion": False,
-            "enable-metrics": True,
+            "enable-cache-report": True,
         },
         "sglang_server_acknowledge_backend_change": True,
         "sglang_server_api_key": "sk-render-test-key-0123456789abcdef",
@@ -224,7 +227,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
         args = json.loads((out / host / "server-args.json").read_text())
         assert args[args.index("--context-length") + 1] == "32768"
         assert "--disable-shared-experts-fusion" not in args
-        assert args[-1] == "--enable-metrics"
+        assert args[-1] == "--enable-cache-report"
         unit = (out / host / "sglang.service").read_text()
         assert launch_args(unit) == args
         assert "/dev/infiniband" not in unit

@@ -21,7 +21,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
-from tests.lib.seed import SEED_FLAGS
+from tests.lib.seed import DEFAULT_FLAGS
 from tests.lib.supervised import api_key_header
 from tests.lib.unit_file import launch_args
 
@@ -44,8 +44,9 @@ JOURNALS = "Show the last journal lines of every rank's current start"
 GIVE_UP = "Fail with a summary"
 
 # deployment-facts.md, "The field-tested launch command" (--model-path is the container path of
-# the mounted directory), then the multi-node flags, in the unit's order.
-SEED = SEED_FLAGS
+# the mounted directory) with the collection's additions (tests/lib/seed.py), then the multi-node
+# flags, in the unit's order.
+SEED = DEFAULT_FLAGS
 
 
 def expected_args(rank: int, head_fabric_ip: str, **values: str) -> list[str]:

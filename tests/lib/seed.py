@@ -49,6 +49,14 @@ def seed_args(without=()) -> list[str]:
 # The seed as one command line's words (flags and values), e.g. for a rank started by hand.
 SEED_ARGS = seed_args()
 
+# What the roles add to the seed by default, after its flags and before the multi-node ones: SGLang's
+# Prometheus endpoint, which the monitoring role scrapes (issue 18). Not field-tested load-bearing
+# flags, so not part of the seed; an operator may drop it (`enable-metrics: false`).
+ADDED_FLAGS = [("--enable-metrics", None)]
+# The seed plus those: what a rank runs with the role defaults, before the topology flags.
+DEFAULT_FLAGS = SEED_FLAGS + ADDED_FLAGS
+DEFAULT_ARGS = flatten(DEFAULT_FLAGS)
+
 
 def facts_launch_args() -> list[str]:
     """The words after `python3 -m sglang.launch_server` in the facts file's field-tested command."""

@@ -105,8 +105,8 @@ EXEC = ("{{ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --rm --name sglang
         "--model-path /models/glm53 --trust-remote-code --tp-size 2 --attention-backend dsa "
         "--dsa-prefill-backend tilelang --dsa-decode-backend tilelang --moe-runner-backend flashinfer_cutlass "
         "--kv-cache-dtype bfloat16 --disable-shared-experts-fusion --reasoning-parser glm45 --tool-call-parser glm47 "
-        "--mem-fraction-static {fraction} --context-length {context} --max-running-requests {running} --nnodes 2 "
-        "--node-rank 0 --dist-init-addr 192.168.100.10:20000 --host 0.0.0.0 --port 30000 ; ignore_errors=no ; }}")
+        "--mem-fraction-static {fraction} --context-length {context} --max-running-requests {running} --enable-metrics "
+        "--nnodes 2 --node-rank 0 --dist-init-addr 192.168.100.10:20000 --host 0.0.0.0 --port 30000 ; ignore_errors=no ; }}")
 
 
 def exec_start(memory="120g", fraction="0.84", context=65536, running=2):

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.lib.seed import FACTS
+from tests.lib.seed import ADDED_FLAGS, FACTS, flatten
 from tests.lib.seed import SEED_ARGS as SEED
 from tests.lib.seed import facts_launch_args as seed_from_facts
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
@@ -53,6 +53,7 @@ def test_default_plan_is_the_seed_plus_topology(host, rank):
         "--trust-remote-code",
         "--tp-size", "2",
         *SEED[1:],
+        *flatten(ADDED_FLAGS),
         "--nnodes", "2",
         "--node-rank", rank,
         "--dist-init-addr", "192.168.100.10:20000",
@@ -93,12 +94,12 @@ def test_hostvars_supply_the_fabric_addresses():
 def test_overrides_change_numbers_in_place_and_append_extras_sorted():
     args = plan(sglang_server_flag_overrides={
         "context-length": 32768, "max-running-requests": "1", "mem-fraction-static": 0.8,
-        "served-model-name": "glm53", "enable-metrics": True, "log-level": "info",
+        "served-model-name": "glm53", "enable-cache-report": True, "log-level": "info",
     })["args"]
     assert args[args.index("--context-length") + 1] == "32768"
     assert args[args.index("--max-running-requests") + 1] == "1"
     assert args[args.index("--mem-fraction-static") + 1] == "0.8"
-    assert args[-5:] == ["--enable-metrics", "--log-level", "info", "--served-model-name", "glm53"]
+    assert args[-5:] == ["--enable-cache-report", "--log-level", "info", "--served-model-name", "glm53"]
     assert args.index("--context-length") < args.index("--nnodes")
 
 
@@ -277,8 +278,8 @@ GUARD_RAILS = {
         ["['api-key'] = <redacted>", "sglang_server_api_key"],
     ),
     "bare switch with a value": (
-        {"sglang_server_flag_overrides": {"enable-metrics": ["a", "b"]}},
-        ["['enable-metrics'] = ['a', 'b']", "single scalar"],
+        {"sglang_server_flag_overrides": {"enable-cache-report": ["a", "b"]}},
+        ["['enable-cache-report'] = ['a', 'b']", "single scalar"],
     ),
     "value with shell characters": (
         {"sglang_server_flag_overrides": {"served-model-name": "glm 53"}},

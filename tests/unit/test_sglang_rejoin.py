@@ -14,7 +14,7 @@ import json
 import pytest
 
 from tests.lib.role_module import module_utils
-from tests.lib.seed import SEED_FLAGS
+from tests.lib.seed import DEFAULT_FLAGS
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
 ARGS_FILE = "/etc/sglang/server-args.json"
@@ -38,7 +38,7 @@ STAMP_CHECK = module_utils("checkpoint", "checkpoint_common")
 
 def head_args(**values):
     """What the head (rank 0 of 2) runs with the role defaults, as server-args.json holds it."""
-    pairs = [("--model-path", "/models/glm53"), SEED_FLAGS[0], ("--tp-size", "2"), *SEED_FLAGS[1:]]
+    pairs = [("--model-path", "/models/glm53"), DEFAULT_FLAGS[0], ("--tp-size", "2"), *DEFAULT_FLAGS[1:]]
     pairs += [("--nnodes", "2"), ("--node-rank", "0"), ("--dist-init-addr", "192.168.100.10:20000"),
               ("--host", "0.0.0.0"), ("--port", "30000")]  # noqa: S104 - compared, not bound
     out = []
@@ -96,11 +96,11 @@ def test_a_flag_the_inventory_changed_keeps_the_head_out():
 
 
 def test_a_flag_only_installed_or_only_in_the_inventory_is_named():
-    installed = head_args() + ["--enable-metrics"]
+    installed = head_args() + ["--enable-cache-report"]
     found = rejoin(reads(args=slurped(installed)), sglang_server_flag_overrides={"disable-radix-cache": True})
     assert found == {"spark-0": [
         "--disable-radix-cache is not installed (the inventory gives a switch)",
-        "--enable-metrics (a switch) is installed but not in the inventory",
+        "--enable-cache-report (a switch) is installed but not in the inventory",
     ]}
 
 

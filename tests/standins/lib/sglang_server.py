@@ -59,6 +59,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import select
@@ -98,6 +99,8 @@ DEFAULTS = {
     "error_status": 503,
     "cut_every": 0,
     "recall": False,
+    # /metrics behind --api-key, as in SGLang builds from before its /metrics exemption: read at each request.
+    "metrics_behind_key": False,
 }
 HYBRID_ERROR = (
     "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
@@ -1119,6 +1122,7 @@ class Batch:
         self.done = 0  # decoding steps finished
         self.step_seconds = 0.0
         self.slowdown = 0.0
+        self.metrics = None  # SGLang's Prometheus collectors (--enable-metrics), told of every step
         threading.Thread(target=self.stepper, daemon=True).start()
 
     def admit(self):
@@ -1159,6 +1163,7 @@ class Batch:
                     due = None
                     self.cond.wait()
                 running = self.running
+                decoding = self.decoding
                 self.started += 1
             seconds = self.step_seconds * (1 + self.slowdown * max(0, running - 1))
             now = time.monotonic()
@@ -1168,9 +1173,178 @@ class Batch:
             if due > now:
                 time.sleep(due - now)
             self.group.step()
+            if self.metrics is not None:
+                self.metrics.decoded(decoding)
             with self.cond:
                 self.done += 1
                 self.cond.notify_all()
+
+
+# --- SGLang's Prometheus endpoint (--enable-metrics) ------------------------------------------------
+
+# The buckets of SGLang's TokenizerMetricsCollector (srt/metrics/collector.py), its defaults.
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+               0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+# Prometheus's text exposition format, as prometheus_client's generate_latest serves it.
+EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def go_float(value):
+    """A sample value or bucket bound as prometheus_client prints it (floatToGoString)."""
+    value = float(value)
+    if value == float("inf"):
+        return "+Inf"
+    if value == float("-inf"):
+        return "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    text = repr(value)
+    dot = text.find(".")
+    # Go switches to exponents sooner than Python (8128902.0 is 8.128902e+06).
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
+
+
+def label_text(labels):
+    return ",".join(f'{key}="{str(value)}"'.replace("\n", "\\n") for key, value in labels.items())
+
+
+class Histogram:
+    def __init__(self, bounds):
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * len(self.bounds)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, value):
+        self.sum += value
+        self.total += 1
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, name, labels):
+        out = [f"{name}_sum{{{label_text(labels)}}} {go_float(self.sum)}"]
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            out.append(f'{name}_bucket{{le="{go_float(bound)}",{label_text(labels)}}} {go_float(count)}')
+        out.append(f'{name}_bucket{{le="+Inf",{label_text(labels)}}} {go_float(self.total)}')
+        out.append(f"{name}_count{{{label_text(labels)}}} {go_float(self.total)}")
+        return out
+
+
+class Metrics:
+    """What SGLang serves at /metrics with --enable-metrics: its real metric names, types, help texts and labels.
+
+    The tokenizer manager's collectors ({model_name}): counters of prompt and generation tokens and of
+    finished requests, incremented when a request finishes; histograms of the time to first token (from the
+    request's arrival, its wait in the queue included), of the latency between output tokens (each decoding
+    step's gap, divided among the tokens it brought) and of the end-to-end latency. The scheduler's gauges
+    ({model_name, engine_type, tp_rank, pp_rank} of rank 0): running and queued requests, the tokens the
+    running requests hold in the KV pool (its size: context-length x max-running-requests here) and their
+    share of it, and the generation throughput measured over every `decode_log_interval` decoding steps as
+    the scheduler logs it (SGLang's default: 40 steps). The real scheduler refreshes its gauges when it
+    logs: at each prefill, every `decode_log_interval` decoding steps and every 30 s while idle (then
+    with 0 running requests); here they are read when /metrics is asked.
+    """
+
+    def __init__(self, model_name, batch, args):
+        self.lock = threading.Lock()
+        self.batch = batch
+        self.tokenizer_labels = {"model_name": model_name}
+        self.scheduler_labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": 0, "pp_rank": 0}
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.pool_tokens = max(1, (args.context_length or 65536) * (args.max_running_requests or 48))
+        self.used_tokens = 0
+        self.interval = max(1, args.decode_log_interval or 40)
+        self.steps = 0
+        self.step_tokens = 0
+        self.since = time.monotonic()
+        self.gen_throughput = 0.0
+
+    def decoded(self, tokens):
+        """One decoding step gave `tokens` tokens (one per running request): the scheduler's log interval."""
+        with self.lock:
+            self.steps += 1
+            self.step_tokens += tokens
+            self.used_tokens += tokens
+            if self.steps % self.interval == 0:
+                now = time.monotonic()
+                self.gen_throughput = self.step_tokens / max(now - self.since, 1e-9)
+                self.step_tokens, self.since = 0, now
+
+    def admitted(self, prompt_tokens):
+        with self.lock:
+            self.used_tokens += prompt_tokens
+
+    def first_token(self, seconds):
+        with self.lock:
+            self.ttft.observe(seconds)
+
+    def tokens(self, gap, count):
+        with self.lock:
+            for _ in range(count):
+                self.itl.observe(gap / count)
+
+    def finished(self, prompt_tokens, completion_tokens, seconds, held):
+        with self.lock:
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += completion_tokens
+            self.requests += 1
+            self.e2e.observe(seconds)
+            self.used_tokens = max(0, self.used_tokens - held)
+
+    def released(self, held):
+        """A request that ended without finishing (the client gave up) gives its tokens back."""
+        with self.lock:
+            self.used_tokens = max(0, self.used_tokens - held)
+
+    def exposition(self):
+        tok, sch = self.tokenizer_labels, self.scheduler_labels
+        with self.batch.cond:
+            running, queued = self.batch.running, len(self.batch.queue)
+        with self.lock:
+            if running == 0:
+                self.used_tokens = 0  # what a step's count and a request's end disagreed on, forgotten when idle
+            used = min(self.used_tokens, self.pool_tokens)
+            families = [
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", sch, running),
+                ("sglang:num_used_tokens", "gauge", "The number of used tokens.", sch, used),
+                ("sglang:token_usage", "gauge", "The token usage.", sch, round(used / self.pool_tokens, 6)),
+                ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", sch, self.gen_throughput),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", sch, queued),
+                ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", sch, 0.0),
+                ("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.",
+                 sch, self.pool_tokens),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", tok,
+                 self.prompt_tokens),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", tok,
+                 self.generation_tokens),
+                ("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens.", tok, 0),
+                ("sglang:num_requests_total", "counter", "Number of requests processed.", tok, self.requests),
+                ("sglang:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.",
+                 tok, self.ttft),
+                ("sglang:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.",
+                 tok, self.itl),
+                ("sglang:e2e_request_latency_seconds", "histogram", "Histogram of End-to-end request latency in seconds",
+                 tok, self.e2e),
+            ]
+            out = []
+            for name, kind, help_text, labels, value in families:
+                out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+                if kind == "histogram":
+                    out += value.lines(name, labels)
+                else:
+                    out.append(f"{name}{{{label_text(labels)}}} {go_float(value)}")
+        return "\n".join(out) + "\n"
 
 
 class Engine:
@@ -1186,6 +1360,9 @@ class Engine:
         self.start_knobs = k
         self.batch = Batch(group, args.max_running_requests or 48)
         self.counted = {"requests": 0, "errors": 0, "cuts": 0}
+        # Without --enable-metrics SGLang mounts no /metrics route (404).
+        self.metrics = Metrics(self.model_id, self.batch, args) if args.enable_metrics else None
+        self.batch.metrics = self.metrics
 
     def serving_knobs(self):
         """The speed and fault knobs, read at each request so that a test can change them on a serving rank."""
@@ -1199,9 +1376,16 @@ class Engine:
         """A request through the batch: queue, prefill (the first token), then one token per decoding step.
 
         on_token(n) is called after the n-th token (n = 1..steps), catching up when steps ran meanwhile.
+        The metrics see the request as SGLang's do: its time to first token from its arrival (the queue
+        included), each step's gap between tokens, and its end.
         """
+        arrived = time.monotonic()
+        metrics = self.metrics
         self.batch.admit()
+        if metrics is not None:
+            metrics.admitted(prompt_tokens)
         decoding = False
+        made = 0
         try:
             ttft = k["ttft_seconds"]
             seconds = self.token_seconds if ttft is None else float(ttft)
@@ -1211,23 +1395,36 @@ class Engine:
             if seconds > 0:
                 time.sleep(seconds)
             self.group.step()
+            made = 1
+            last = time.monotonic()
+            if metrics is not None:
+                metrics.first_token(last - arrived)
             if on_token:
                 on_token(1)
-            if steps <= 1:
-                return
-            self.batch.step_seconds = self.token_seconds
-            self.batch.slowdown = float(k["concurrency_slowdown"] or 0)
-            base = self.batch.join()
-            decoding = True
-            made = 1
-            while made < steps:
-                done = self.batch.wait_step(base + made)
-                while made < steps and base + made <= done:
-                    made += 1
-                    if on_token:
-                        on_token(made)
+            if steps > 1:
+                self.batch.step_seconds = self.token_seconds
+                self.batch.slowdown = float(k["concurrency_slowdown"] or 0)
+                base = self.batch.join()
+                decoding = True
+                while made < steps:
+                    done = self.batch.wait_step(base + made)
+                    new = 0
+                    while made < steps and base + made <= done:
+                        made += 1
+                        new += 1
+                        if on_token:
+                            on_token(made)
+                    if metrics is not None and new:
+                        now = time.monotonic()
+                        metrics.tokens(now - last, new)
+                        last = now
+            if metrics is not None:
+                metrics.finished(prompt_tokens, steps, time.monotonic() - arrived, prompt_tokens + steps - 1)
+                metrics = None
         finally:
             self.batch.leave(decoding)
+            if metrics is not None:
+                metrics.released(prompt_tokens + max(0, made - 1))
 
     def count(self, k, streamed):
         """Which fault the knobs inject into this request: an HTTP error, a cut stream, or none.
@@ -1487,7 +1684,10 @@ def make_handler(engine):
             anything else gets 401 {"error": "Unauthorized"}."""
             key = engine.args.api_key
             path = self.path.split("?", 1)[0]
-            if not key or self.command == "OPTIONS" or path.startswith(("/health", "/metrics")):
+            # Builds from before SGLang exempted /metrics (its middleware let only /health* through) want the
+            # key there too: the metrics_behind_key knob.
+            open_paths = ("/health",) if engine.serving_knobs()["metrics_behind_key"] else ("/health", "/metrics")
+            if not key or self.command == "OPTIONS" or path.startswith(open_paths):
                 return True
             scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode()):
@@ -1502,6 +1702,13 @@ def make_handler(engine):
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
+            elif self.path.split("?", 1)[0] == "/metrics" and engine.metrics is not None:
+                data = engine.metrics.exposition().encode()
+                self.send_response(200)
+                self.send_header("content-type", EXPOSITION)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path == "/v1/models":
                 self.send_json(200, {"object": "list", "data": [{
                     "id": engine.model_id, "object": "model", "created": int(time.time()), "owned_by": "sglang",
