@@ -182,6 +182,15 @@ def _rules(plan):
              "cause": f"the HTTP port ({names['http_port']} = {plan['http_port']}) admits only "
                       f"{plan['clients_source']}"},
         ]
+    for svc in plan.get("services", []):
+        chain = svc["chain"]
+        chains["input"].append({"match": {"dport": svc["port"]}, "verdict": f"jump {chain}"})
+        chains[chain] = [
+            {"match": {"saddr_set": f"{chain}_ip"}, "verdict": "accept"},
+            {"match": {"saddr_set": f"{chain}_ip6"}, "verdict": "accept"},
+            {"match": {}, "verdict": "drop", "comment": f"{svc['name']}: not an allowed client",
+             "cause": f"the {svc['name']} port ({svc['var']} = {svc['port']}) admits only {svc['source']}"},
+        ]
     chains["input"] += [
         {"match": {"iifname": plan["fabric_interface"], "saddr_set": "fabric_peers"}, "verdict": "accept",
          "comment": "the TP group's peers on the fabric"},
@@ -216,6 +225,9 @@ def _sets(plan):
     if plan["http"]:
         sets["http_clients_ip"] = {"type": "ipv4_addr", "interval": True, "elements": plan["clients"]["ip"]}
         sets["http_clients_ip6"] = {"type": "ipv6_addr", "interval": True, "elements": plan["clients"]["ip6"]}
+    for svc in plan.get("services", []):
+        sets[f"{svc['chain']}_ip"] = {"type": "ipv4_addr", "interval": True, "elements": svc["ip"]}
+        sets[f"{svc['chain']}_ip6"] = {"type": "ipv6_addr", "interval": True, "elements": svc["ip6"]}
     return sets
 
 
@@ -323,9 +335,13 @@ def sglang_firewall_plan(ctx, hostvars=None):
     errors = []
     host, head = ctx.get("host"), ctx.get("head")
     nodes = list(ctx.get("nodes") or [])
+    # Hosts admitted by name (the monitoring host: to the exporter's port and the HTTP port's /metrics).
+    named = list(ctx.get("http_client_hosts") or []) + [
+        h for svc in ctx.get("service_ports") or [] if isinstance(svc, Mapping) for h in svc.get("client_hosts") or []]
     if hostvars is not None:
         ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in nodes if n in hostvars}
-        ctx["management"] = {n: hostvars[n].get("ansible_host", n) for n in nodes if n in hostvars}
+        ctx["management"] = {n: hostvars[n].get("ansible_host", n) for n in [*nodes, *named] if n in hostvars}
+        ctx["probes"] = {n: hostvars[n].get("__sglang_firewall_probe") for n in named if n in hostvars}
     fabric_ips = ctx.get("fabric_ips") or {}
     management = ctx.get("management") or {}
     routes = ctx.get("routes") or {}
@@ -398,6 +414,50 @@ def sglang_firewall_plan(ctx, hostvars=None):
     elif nets:
         clients_source = f"{allowed_var} {_show([str(n) for n in nets])}"
 
+    def named_address(name, var):
+        """The management address of an inventory host the firewall admits by name; None while unknown."""
+        address = _address(str(management.get(name, "")))
+        if address is None:
+            address = _ssh_connection((ctx.get("probes") or {}).get(name))[1]
+        if address is None and probe is not None and (ctx.get("probes") or {}).get(name) is None:
+            errors.append(
+                f"{var} names {name!r}, whose address the firewall cannot tell: its ansible_host "
+                f"{_show(management.get(name))} is not an IP address and it is not part of this run. Fix: give {name} "
+                "its management IP address as ansible_host.")
+        return address
+
+    # The HTTP port admits the hosts named too (the monitoring host scrapes /metrics there).
+    extra = [a for a in (named_address(h, "spark_monitor") for h in ctx.get("http_client_hosts") or []) if a]
+    if nets is not None and extra and is_head:
+        nets = nets + [ipaddress.ip_network(_host_prefix(a)) for a in extra if not any(a in n for n in nets)]
+        clients_source += " and the monitoring host " + ", ".join(str(a) for a in extra)
+
+    services = []
+    taken = {http_port: names["http_port"], _port(ctx.get("ssh_port") or 22): names["ssh_port"],
+             **{p: names["dist_ports"] for p in dist_ports}}
+    raw_services = ctx.get("service_ports") or []
+    for i, given in enumerate(raw_services if isinstance(raw_services, (list, tuple)) else []):
+        svc = given if isinstance(given, Mapping) else {}
+        var = svc.get("var") or f"sglang_firewall_service_ports[{i}]"
+        port = _port(svc.get("port"))
+        if port is None:
+            errors.append(f"{var} = {_show(svc.get('port'))}: not a TCP port. Fix: a whole number between 1 and 65535.")
+            continue
+        if port in taken:
+            errors.append(f"{var} = {port}: {taken[port]} uses that port too. Fix: choose another port for the "
+                          f"{svc.get('name', 'service')}.")
+            continue
+        taken[port] = var
+        svc_nets = _networks(svc.get("clients"), svc.get("clients_var") or var, errors) or []
+        hosts = [a for a in (named_address(h, "spark_monitor") for h in svc.get("client_hosts") or []) if a]
+        svc_nets += [ipaddress.ip_network(_host_prefix(a)) for a in hosts]
+        who = [str(n) for n in svc_nets]
+        services.append({
+            "name": str(svc.get("name") or f"port {port}"), "port": port, "var": var, "chain": f"port_{port}",
+            "ip": [str(n) for n in svc_nets if n.version == 4], "ip6": [str(n) for n in svc_nets if n.version == 6],
+            "source": ", ".join(who) + " (and loopback)" if who else "loopback (nobody else)",
+        })
+
     plan = {
         "errors": errors, "host": host, "http": is_head, "http_port": http_port,
         "dist_ports": dist_ports if is_head else [], "fabric_interface": interface,
@@ -407,7 +467,7 @@ def sglang_firewall_plan(ctx, hostvars=None):
                     "ip6": [str(n) for n in nets or [] if n.version == 6]},
         "clients_source": clients_source or "no client yet (the head's subnet is read on the head)",
         "clients_known": known and nets is not None, "default_subnet": str(default_subnet or ""),
-        "head_address": str(head_address or ""), "controller": {},
+        "head_address": str(head_address or ""), "controller": {}, "services": services,
     }
     if errors:
         return plan
