@@ -41,6 +41,7 @@ HEAVY_FIRST = (
     "test_tune.py",
     "test_server_nodes.py",
     "test_firewall.py",
+    "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
     "test_checkpoint_interrupted.py",

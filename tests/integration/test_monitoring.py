@@ -1,0 +1,281 @@
+"""Metrics, alerts and logs of the TP group (issue 18) on one simulated pair, with real Prometheus and node exporter.
+
+The pair is deployed as a site is (server.yml: the ranks and the firewall, then playbooks/monitoring.yml) with the
+monitoring host on the worker (spark_monitor_host), short scrape, evaluation and alert windows, and the head's
+SGLang built as before /metrics was exempt from the API key (the stand-in's metrics_behind_key knob), so that the
+scrape only succeeds with the key Prometheus reads from its 0600 file. Check mode first shows the files it would
+write and writes none; then Prometheus's API shows every target up over the management network; a query for the
+generation throughput returns a number after a few requests; the GPU collector's figures (a GB10's memory [N/A])
+and every metric a dashboard panel uses are there; the firewall drops the exporter for all but the monitoring host;
+a second run changes nothing; stopping the worker's rank fires its alert through Prometheus's alerts API (polled
+for, never timed). Bad input is refused before any node is contacted, through render.yml and site.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import REPO, run_playbook
+from tests.lib.supervised import REVISION, api_key_header, checkpoint_files, generate, wait_for
+
+pytestmark = pytest.mark.slow
+
+MONITORING = "playbooks/monitoring.yml"
+ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
+              "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale")
+CONFIG_DIR = "/etc/prometheus/spark"
+REFUSED = "Refuse monitoring settings that do not parse"
+NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
+DASHBOARD = REPO / "roles" / "sglang_monitoring" / "files" / "sglang-dashboard.json"
+# Kept by the report pruning (sglang_monitoring_reports_keep: 2 runs of each kind).
+REPORTS = ["verify-20260101T000000Z.json", "verify-20260102T000000Z.json", "verify-20260103T000000Z.json",
+           "benchmark-20260101T000000Z.json", "benchmark-20260101T000000Z.md", "tune-record.json"]
+
+
+def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
+    return sim.ssh(node, command, check=check, timeout=timeout)
+
+
+def settings(cluster, reports: Path) -> dict:
+    return {
+        "checkpoint_revision": REVISION,
+        "spark_monitoring": True,
+        "spark_monitor_host": cluster.nodes[1].name,
+        "sglang_monitoring_scrape_interval": "2s",
+        "sglang_monitoring_evaluation_interval": "2s",
+        "sglang_monitoring_collector_interval": 2,
+        "sglang_monitoring_stall_window": "20s",
+        "sglang_monitoring_alert_for": dict.fromkeys(ALERT_KEYS, "4s"),
+        # The controller queries Prometheus; nobody else may.
+        "sglang_monitoring_allowed_clients": [f"{cluster.bridge_ip}/32"],
+        "sglang_monitoring_reports_dir": str(reports),
+        "sglang_monitoring_reports_keep": 2,
+    }
+
+
+def prometheus(cluster, path: str, **params) -> dict:
+    """Prometheus's HTTP API on the monitoring host (the worker), as an allowed client asks it."""
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    url = f"http://{cluster.nodes[1].mgmt_ip}:9090/api/v1/{path}{query}"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the simulated monitoring host
+        answer = json.loads(resp.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def value(cluster, expr: str) -> list[tuple[dict, float]]:
+    return [(r["metric"], float(r["value"][1])) for r in prometheus(cluster, "query", query=expr)["result"]]
+
+
+def connect(host: str, port: int, timeout: float = 3.0) -> str:
+    with socket.socket() as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect((host, port))
+        except TimeoutError:
+            return "dropped"
+        except ConnectionRefusedError:
+            return "refused"
+        return "open"
+
+
+def changed(result) -> set[tuple[str, str]]:
+    return {(d["host"], d["task"]) for d in result.changed}
+
+
+@pytest.fixture(scope="module")
+def site(sim_cluster, tmp_path_factory):
+    head, worker = sim_cluster.nodes
+    # The head's SGLang wants the key on /metrics too, as builds from before the exemption do.
+    sim.set_knobs(sim_cluster.instance, head.name, {"sglang": {"metrics_behind_key": True, "token_seconds": 0.01}})
+    for n in sim_cluster.nodes:
+        # What checkpoint.yml and fabric.yml leave behind, in their smallest form (as tests/integration/test_day2.py).
+        sh(n, checkpoint_files() + f" && (ip -o addr show dev {sim.FABRIC_IFACE} | grep -q ' {n.fabric_ip}/' || "
+              f"ip addr add {n.fabric_ip}/24 dev {sim.FABRIC_IFACE})")
+    reports = tmp_path_factory.mktemp("reports")
+    for name in REPORTS:
+        (reports / name).write_text("{}")
+    extravars = settings(sim_cluster, reports)
+    server = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=extravars)
+    assert server.rc == 0, server.failure_messages() or server.stdout[-4000:]
+    preview = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars, check=True, diff=True)
+    assert preview.rc == 0, preview.failure_messages() or preview.stdout[-4000:]
+    written_by_preview = sh(worker, " ; ".join(f"test -e {path} && echo written {path}" for path in (
+        CONFIG_DIR, "/etc/systemd/journald.conf.d/60-sglang-monitoring.conf",
+        "/etc/systemd/system/prometheus.service.d/sglang-monitoring.conf",
+        "/usr/local/lib/sglang-monitoring")) + " ; true")
+    reports_after_preview = sorted(p.name for p in reports.iterdir())
+    deploy = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars)
+    assert deploy.rc == 0, deploy.failure_messages() or deploy.stdout[-4000:]
+    sim_cluster.runs = {"preview": preview, "deploy": deploy, "extravars": extravars, "reports": reports,
+                        "written_by_preview": written_by_preview, "reports_after_preview": reports_after_preview}
+    return sim_cluster
+
+
+def test_check_mode_shows_the_files_it_would_write_and_writes_none(site):
+    preview = site.runs["preview"]
+    head, worker = (n.name for n in site.nodes)
+    shown = changed(preview)
+    for host, task in [
+        (worker, "Install the alert rules"),
+        (worker, "Install Prometheus's configuration (the targets from the inventory)"),
+        (worker, "Give Prometheus its flags (configuration, retention, listen address)"),
+        (head, "Configure the node exporter (listen address, textfile and systemd collectors)"),
+        (head, "Install the node collector"),
+        (worker, "Keep the journal on disk, capped"),
+    ]:
+        assert (host, task) in shown, sorted(shown)
+    # --diff shows the content: the targets from the inventory, the rules with their runbooks.
+    assert f"{site.nodes[0].mgmt_ip}:9100" in preview.stdout and "SparkRankUnitNotActive" in preview.stdout
+    assert "runbook:" in preview.stdout
+    # Nothing was written on the nodes, nor pruned on the controller.
+    assert site.runs["written_by_preview"].strip() == "", site.runs["written_by_preview"]
+    assert site.runs["reports_after_preview"] == sorted(REPORTS)
+    assert "prometheus.yml" in sh(site.nodes[1], f"ls {CONFIG_DIR}")
+
+
+def test_prometheus_scrapes_every_target_over_the_management_network(site):
+    head, worker = site.nodes
+
+    def targets_up():
+        active = prometheus(site, "targets", state="active")["activeTargets"]
+        return active if len(active) == 4 and all(t["health"] == "up" for t in active) else None
+
+    active = wait_for(targets_up, "every target up in Prometheus", 120)
+    urls = sorted(t["scrapeUrl"] for t in active)
+    assert urls == sorted([f"http://{head.mgmt_ip}:9100/metrics", f"http://{worker.mgmt_ip}:9100/metrics",
+                           f"http://{head.mgmt_ip}:30000/metrics", "http://127.0.0.1:9090/metrics"])
+    by_job = {(t["labels"]["job"], t["labels"].get("node")): t["labels"] for t in active}
+    assert by_job[("node", head.name)]["rank"] == "0" and by_job[("node", worker.name)]["rank"] == "1"
+    # The head's SGLang wants the key on /metrics (metrics_behind_key): the target is up only with it. Prometheus
+    # reads it from its 0600 file; it is in no configuration, unit or command line.
+    key = api_key_header(site)["Authorization"].split(" ", 1)[1]
+    assert sh(worker, f"stat -c '%a %U' {CONFIG_DIR}/sglang_api_key").strip() == "600 prometheus"
+    config = sh(worker, f"cat {CONFIG_DIR}/prometheus.yml")
+    assert f"credentials_file: {CONFIG_DIR}/sglang_api_key" in config and key not in config
+    assert key not in sh(worker, "ps -eo args; systemctl cat prometheus.service")
+    # Retention bounded by the role's defaults; Prometheus answers only the allowed client.
+    flags = sh(worker, "ps -o args= -C prometheus")
+    assert "--storage.tsdb.retention.time=15d" in flags and "--storage.tsdb.retention.size=4GB" in flags, flags
+    assert "--web.listen-address=0.0.0.0:9090" in flags
+
+
+def test_a_query_for_the_generation_throughput_returns_a_number_after_a_few_requests(site):
+    for _ in range(3):
+        assert generate(site, timeout=30)
+
+    def throughput():
+        found = value(site, 'sum(rate(sglang:generation_tokens_total{job="sglang"}[1m]))')
+        return found if found and found[0][1] > 0 else None
+
+    (labels, tokens_per_second), = wait_for(throughput, "a generation throughput above 0", 60)
+    assert labels == {} and tokens_per_second > 0
+    # The histograms moved with the requests (once a scrape after the last one came); the model is labelled as
+    # SGLang labels it.
+    (labels, count), = wait_for(lambda: [r for r in value(site, 'sglang:time_to_first_token_seconds_count{job="sglang"}')
+                                         if r[1] >= 3], "three first tokens counted", 60)
+    assert labels["model_name"] == "/models/glm53"
+
+
+def test_gpu_and_node_figures_and_every_dashboard_metric_are_in_prometheus(site):
+    head, worker = site.nodes
+    wait_for(lambda: len(value(site, "spark_rank_process_present == 1")) == 2, "both ranks seen holding their GPU", 60)
+    temperatures = {m["node"]: v for m, v in value(site, "spark_gpu_temperature_celsius")}
+    assert temperatures == {head.name: 41.0, worker.name: 41.0}
+    # A GB10 reports no memory of its own: not a 0, a field it does not support.
+    unsupported = {m["node"] for m, v in value(site, 'spark_gpu_field_supported{field="memory.used"}') if v == 0}
+    assert unsupported == {head.name, worker.name}
+    assert value(site, "spark_gpu_memory_used_bytes") == []
+    units = {m["node"]: v for m, v in value(site, 'node_systemd_unit_state{name="sglang.service",state="active"}')}
+    assert units == {head.name: 1.0, worker.name: 1.0}
+    assert {m["purpose"] for m, _ in value(site, f'spark_filesystem_size_bytes{{node="{head.name}"}}')} == {"model", "root"}
+    # Every metric a dashboard panel uses is a name Prometheus holds (the supervisor is off here, and no alert fired yet).
+    names = set(prometheus(site, "label/__name__/values"))
+    used = set()
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            used |= set(re.findall(r"\b(?:sglang:|spark_|node_)[A-Za-z0-9_]+", target["expr"]))
+    missing = {n for n in used - names if not n.startswith("spark_supervisor_")}
+    assert missing == set(), missing
+
+
+def test_the_exporter_admits_the_monitoring_host_only(site):
+    head, worker = site.nodes
+    # The monitoring host (the worker) scrapes the head's exporter (its target is up); this machine is dropped.
+    assert connect(head.mgmt_ip, 9100) == "dropped"
+    assert connect(worker.mgmt_ip, 9100) == "dropped"
+    assert ":9100" in sh(head, "ss -Hltn 'sport = :9100'"), "the exporter listens: the drop is the firewall's"
+    rules = sh(head, "cat /etc/nftables.d/sglang_guard.nft")
+    assert f"The node exporter port 9100: {worker.mgmt_ip}/32 (and loopback)" in rules
+    assert "The Prometheus port 9090: " in rules
+
+
+def test_logs_the_journal_persists_capped_and_the_reports_keep_the_last_runs(site):
+    for n in site.nodes:
+        machine = sh(n, "cat /etc/machine-id").strip()
+        assert sh(n, f"test -d /var/log/journal/{machine} && echo persistent").strip() == "persistent"
+        assert "SystemMaxUse=4G" in sh(n, "systemd-analyze cat-config systemd/journald.conf")
+    kept = sorted(p.name for p in site.runs["reports"].iterdir())
+    assert kept == ["benchmark-20260101T000000Z.json", "benchmark-20260101T000000Z.md", "tune-record.json",
+                    "verify-20260102T000000Z.json", "verify-20260103T000000Z.json"]
+
+
+def test_a_second_run_changes_nothing(site):
+    again = run_playbook(MONITORING, site.inventory, extravars=site.runs["extravars"])
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    assert changed(again) == set(), sorted(changed(again))
+
+
+def test_stopping_a_rank_fires_its_alert(site):
+    head, worker = site.nodes
+    sh(worker, "systemctl stop sglang.service")
+
+    def firing():
+        alerts = prometheus(site, "alerts")["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == "SparkRankUnitNotActive"
+                and a["labels"].get("node") == worker.name and a["state"] == "firing"]
+
+    (alert,) = wait_for(firing, "SparkRankUnitNotActive firing for the worker", 120)
+    assert alert["labels"]["rank"] == "1" and alert["labels"]["severity"] == "critical"
+    assert "playbooks/restart.yml" in alert["annotations"]["runbook"]
+    assert alert["annotations"]["summary"] == f"Rank 1's sglang.service is not active on {worker.name}"
+
+
+# --- refused before any node is contacted -------------------------------------------------------------------
+
+BAD = {"sglang_monitoring_retention_time": "15 days", "spark_monitor_host": "spark-9",
+       "sglang_monitoring_ttft_p99_seconds": "slow", "spark_monitoring": True}
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/render.yml", "site.yml"])
+def test_bad_input_is_refused_before_any_contact(tmp_path, playbook):
+    def host(address, fabric):
+        return {"ansible_host": address, "spark_fabric_ip": fabric, "ansible_connection": "no_contact"}
+
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"spark": {"children": {
+        "spark_head": {"hosts": {"spark-0": host("10.0.0.10", "192.168.100.10")}},
+        "spark_workers": {"hosts": {"spark-1": host("10.0.0.11", "192.168.100.11")}}}}}))
+    out = tmp_path / "rendered"
+    result = run_playbook(playbook, inv, envvars=NO_CONTACT, extravars={"sglang_server_render_dir": str(out), **BAD})
+    assert result.rc != 0, result.stdout[-3000:]
+    assert {d["task"] for d in result.failed} == {REFUSED}, result.stdout[-3000:]
+    assert result.changed == []
+    assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
+    message = result.failure_messages()
+    for fragment in ("sglang_monitoring_retention_time = '15 days': not a Prometheus duration",
+                     "spark_monitor_host = 'spark-9': not a host of the inventory",
+                     "sglang_monitoring_ttft_p99_seconds = 'slow': not a number"):
+        assert fragment in message, message
+    assert message.count("Fix:") >= 3
+    assert not out.exists()
