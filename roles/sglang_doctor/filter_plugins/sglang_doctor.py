@@ -894,6 +894,9 @@ def evidence(results, fabric_interface="", flag_model=None):
         "now": now,
         "current_start": _stamp(current["start"]) if current else "-",
         "current_invocation": current["id"] if current else "",
+        # Boots whose journal the node keeps (journalctl reads them all): with a persistent journal (the
+        # monitoring role's) the earlier starts include the previous boot's; a volatile one keeps only this boot.
+        "journal_boots": len([line for line in logs.get("boots", []) if line.strip()]),
     }
     node = {
         "journal": current["entries"] if current else [],
