@@ -6,8 +6,9 @@ SGLang built as before /metrics was exempt from the API key (the stand-in's metr
 scrape only succeeds with the key Prometheus reads from its 0600 file. Check mode first shows the files it would
 write and writes none; then Prometheus's API shows every target up over the management network; a query for the
 generation throughput returns a number after a few requests; the GPU collector's figures (a GB10's memory [N/A])
-and every metric a dashboard panel uses are there; the firewall drops the exporter for all but the monitoring host;
-a second run changes nothing; stopping the worker's rank fires its alert through Prometheus's alerts API (polled
+and every metric a dashboard panel uses are there; the dashboard went to Grafana's HTTP API (a stand-in on this machine)
+with the token from its 0600 file; the firewall drops the exporter for all but the monitoring host; a second run
+changes nothing and posts nothing; stopping the worker's rank fires its alert through Prometheus's alerts API (polled
 for, never timed). Bad input is refused before any node is contacted, through render.yml and site.yml.
 """
 
@@ -26,6 +27,7 @@ import yaml
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
 from tests.lib.supervised import REVISION, api_key_header, checkpoint_files, generate, wait_for
+from tests.standins.grafana_api import GrafanaAPI
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +47,10 @@ def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
     return sim.ssh(node, command, check=check, timeout=timeout)
 
 
-def settings(cluster, reports: Path) -> dict:
+GRAFANA_TOKEN = "glsa_monitoring_test_token_0123456789abcdef"  # noqa: S105 - a test token
+
+
+def settings(cluster, reports: Path, grafana: str = "", token_file: str = "") -> dict:
     return {
         "checkpoint_revision": REVISION,
         "spark_monitoring": True,
@@ -59,6 +64,8 @@ def settings(cluster, reports: Path) -> dict:
         "sglang_monitoring_allowed_clients": [f"{cluster.bridge_ip}/32"],
         "sglang_monitoring_reports_dir": str(reports),
         "sglang_monitoring_reports_keep": 2,
+        "spark_grafana_url": grafana,
+        "sglang_monitoring_grafana_token_file": token_file,
     }
 
 
@@ -104,7 +111,12 @@ def site(sim_cluster, tmp_path_factory):
     reports = tmp_path_factory.mktemp("reports")
     for name in REPORTS:
         (reports / name).write_text("{}")
-    extravars = settings(sim_cluster, reports)
+    # Grafana's HTTP API as the controller reaches it, with its token in a 0600 file.
+    grafana = GrafanaAPI(GRAFANA_TOKEN)
+    token_file = tmp_path_factory.mktemp("grafana") / "grafana_token"
+    token_file.write_text(GRAFANA_TOKEN + "\n")
+    token_file.chmod(0o600)
+    extravars = settings(sim_cluster, reports, grafana.url, str(token_file))
     server = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=extravars)
     assert server.rc == 0, server.failure_messages() or server.stdout[-4000:]
     preview = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars, check=True, diff=True)
@@ -114,11 +126,15 @@ def site(sim_cluster, tmp_path_factory):
         "/etc/systemd/system/prometheus.service.d/sglang-monitoring.conf",
         "/usr/local/lib/sglang-monitoring")) + " ; true")
     reports_after_preview = sorted(p.name for p in reports.iterdir())
+    posts_after_preview = len(grafana.posts())
     deploy = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars)
     assert deploy.rc == 0, deploy.failure_messages() or deploy.stdout[-4000:]
     sim_cluster.runs = {"preview": preview, "deploy": deploy, "extravars": extravars, "reports": reports,
-                        "written_by_preview": written_by_preview, "reports_after_preview": reports_after_preview}
-    return sim_cluster
+                        "written_by_preview": written_by_preview, "reports_after_preview": reports_after_preview,
+                        "posts_after_preview": posts_after_preview}
+    sim_cluster.grafana = grafana
+    yield sim_cluster
+    grafana.close()
 
 
 def test_check_mode_shows_the_files_it_would_write_and_writes_none(site):
@@ -140,6 +156,7 @@ def test_check_mode_shows_the_files_it_would_write_and_writes_none(site):
     # Nothing was written on the nodes, nor pruned on the controller.
     assert site.runs["written_by_preview"].strip() == "", site.runs["written_by_preview"]
     assert site.runs["reports_after_preview"] == sorted(REPORTS)
+    assert site.runs["posts_after_preview"] == 0, "check mode posted a dashboard to Grafana"
     assert "prometheus.yml" in sh(site.nodes[1], f"ls {CONFIG_DIR}")
 
 
@@ -229,10 +246,21 @@ def test_logs_the_journal_persists_capped_and_the_reports_keep_the_last_runs(sit
                     "verify-20260102T000000Z.json", "verify-20260103T000000Z.json"]
 
 
+def test_the_dashboard_went_to_grafanas_api_with_the_token_from_its_file(site):
+    (post,) = site.grafana.posts()
+    assert post["path"] == "/api/dashboards/db"
+    stored = site.grafana.dashboards["spark-sglang-glm53"]["dashboard"]
+    fabric = next(v for v in stored["templating"]["list"] if v["name"] == "fabric_interface")
+    assert fabric["query"] == sim.FABRIC_IFACE
+    assert GRAFANA_TOKEN not in site.runs["deploy"].stdout + site.runs["preview"].stdout
+
+
 def test_a_second_run_changes_nothing(site):
     again = run_playbook(MONITORING, site.inventory, extravars=site.runs["extravars"])
     assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
     assert changed(again) == set(), sorted(changed(again))
+    # Grafana already holds this dashboard: it is read, not posted again.
+    assert len(site.grafana.posts()) == 1
 
 
 def test_stopping_a_rank_fires_its_alert(site):
