@@ -18,13 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.checkpoint_site import Operator, make_site, play
+from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, Operator, make_site, play, serve_hub
 from tests.lib.role_module import module_utils
-from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
-SHARD = "model-00042-of-00120.safetensors"
-CODE = "modeling_glm5_next.py"
-CODE_TEXT = "import torch\n\nclass Glm5NextForConditionalGeneration:\n    pass\n"
 # The client writes what arrives in 10 MiB chunks: held there, the partial file holds exactly that.
 HOLD = 10 << 20
 FAST = "Check the checkpoint quickly against the record"
@@ -83,15 +79,8 @@ def stop_fetch_left_running(site: dict) -> None:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    info = build_checkpoint(root, seed=31)
     # One shard bigger than the client's write chunk, so that a fetch held in it has bytes on disk.
-    shard = root / info["repo_id"] / info["new"] / SHARD
-    shard.unlink()
-    shard.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(24 << 20)}))
-    with HubEmulator(root) as emulator:
-        emulator.info = info
-        emulator.source = root / info["repo_id"] / info["new"]
+    with serve_hub(tmp_path_factory.mktemp("hub"), seed=31, big_shard=True) as emulator:
         yield emulator
 
 
@@ -173,12 +162,7 @@ def test_kill_9_is_reported_and_the_next_run_resumes_from_the_bytes_on_disk(hub,
 
 @pytest.fixture(scope="module")
 def code_hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("code-hub")
-    info = build_checkpoint(root, seed=32)
-    (root / info["repo_id"] / info["new"] / CODE).write_text(CODE_TEXT)
-    with HubEmulator(root) as emulator:
-        emulator.info = info
-        emulator.source = root / info["repo_id"] / info["new"]
+    with serve_hub(tmp_path_factory.mktemp("code-hub"), seed=32, code=True) as emulator:
         yield emulator
 
 

@@ -16,27 +16,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.checkpoint_site import make_site, play
+from tests.lib.checkpoint_site import SCALES, SHARD, changed_tasks, make_site, play, serve_hub
 from tests.lib.playbook import REPO, run_playbook
-from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
-SCALES = "model-input-scales.safetensors"
-SHARD = "model-00042-of-00120.safetensors"
 REFUSE_SOURCE = "Refuse to sync from a source host that does not hold the verified checkpoint"
 PUSH = "Push the files from the source host over the fabric"
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    info = build_checkpoint(root)
-    with HubEmulator(root) as emulator:
-        emulator.info = info
+    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
         yield emulator
-
-
-def real_changes(result) -> list[str]:
-    return [f"{d['host']}: {d['task']}" for d in result.changed]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +71,8 @@ def test_fresh_fetch_of_an_old_copy_then_stale_scales_replaced_alone(site, hub):
     assert hub.served() == {SCALES: (site["head"] / SCALES).stat().st_size}
     sync = [d["res"] for d in r.changed if d["task"] == "Collect the sync result"]
     assert [s["sent"] for s in sync] == [[SCALES]]
+    # Pulled by the worker from the head's one-time rsync daemon, on the site's two loopback "fabric" addresses.
+    assert [(s["transport"], s["fallback_reason"]) for s in sync] == [("rsyncd", None)]
     new_scales = Path(hub.store.root) / hub.info["repo_id"] / hub.info["new"] / SCALES
     for node in ("head", "worker"):
         assert (site[node] / SCALES).read_bytes() == new_scales.read_bytes()
@@ -91,7 +83,7 @@ def test_second_run_transfers_nothing_and_changes_nothing(site, hub):
     hub.reset_counters()
     r = play(site)
     assert r.rc == 0, r.failure_messages()
-    assert real_changes(r) == []
+    assert changed_tasks(r) == []
     assert hub.served() == {}
     facts = r.results("Export that this host holds the verified checkpoint")
     assert all(f["ansible_facts"]["checkpoint_verified"] for f in facts.values()) and len(facts) == 2
@@ -100,7 +92,7 @@ def test_second_run_transfers_nothing_and_changes_nothing(site, hub):
 def test_check_mode_on_a_converged_site_reports_no_change(site, hub):
     r = play(site, check=True)
     assert r.rc == 0, r.failure_messages()
-    assert real_changes(r) == []
+    assert changed_tasks(r) == []
 
 
 def test_corrupted_worker_shard_found_by_the_fast_check_and_resynced_alone(site, hub):
@@ -143,15 +135,10 @@ def test_extra_python_file_is_refused_and_kept(site):
 def test_interrupted_fetch_resumes_without_refetching_completed_files(tmp_path):
     # The client writes in 10 MiB chunks, so the cut shard must be bigger than that for the
     # interrupted run to leave partial bytes behind.
-    root = tmp_path / "hub"
-    info = build_checkpoint(root, seed=7)
-    shard_path = root / info["repo_id"] / info["new"] / SHARD
-    shard_path.unlink()
-    shard_path.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(24 << 20)}))
-    size = shard_path.stat().st_size
     cut = 16 << 20
-    with HubEmulator(root) as hub:
-        hub.info = info
+    with serve_hub(tmp_path / "hub", seed=7, big_shard=True) as hub:
+        shard_path = hub.source / SHARD
+        size = shard_path.stat().st_size
         s = make_site(tmp_path / "site", hub)
         hub.fault(SHARD, drop_at=cut)
         r = play(s)
@@ -168,7 +155,7 @@ def test_interrupted_fetch_resumes_without_refetching_completed_files(tmp_path):
         first = hub.served()
         assert first[SHARD] == cut
         completed = {p.name for p in s["head"].iterdir()}
-        assert SHARD not in completed and len(completed) == len(info["files"]) - 1
+        assert SHARD not in completed and len(completed) == len(hub.info["files"]) - 1
         partial = (s["head"].parent / ".glm53.partial" / f"{SHARD}.part").stat().st_size
         assert 0 < partial <= cut
         hub.reset_counters()

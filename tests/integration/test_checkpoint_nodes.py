@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.checkpoint_site import SCALES, SHARD, changed_tasks, serve_hub
 from tests.lib.playbook import run_playbook
 from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
@@ -29,8 +30,6 @@ PARENT = "/opt/models"
 STAMP = f"{PARENT}/glm53.verified"
 RECORD = f"{PARENT}/glm53.record.json"
 VENV = "/opt/spark-checkpoint"
-SCALES = "model-input-scales.safetensors"
-SHARD = "model-00042-of-00120.safetensors"
 FAST = "Check the checkpoint quickly against the record"
 DEEP = "Hash every file against the record"
 PUSH = "Push the files from the source host over the fabric"
@@ -106,10 +105,6 @@ def exists(node, path: str) -> bool:
     return sim.ssh(node, f"test -e {path} && echo yes || echo no").strip() == "yes"
 
 
-def changed_tasks(result) -> list[str]:
-    return [f"{d['host']}: {d['task']}" for d in result.changed]
-
-
 @pytest.fixture(scope="module")
 def nodes(sim_cluster, sim_inventory):
     """The nodes with the fabric (and the head's SSH trust over it) configured and no checkpoint yet."""
@@ -123,13 +118,10 @@ def nodes(sim_cluster, sim_inventory):
 
 @pytest.fixture(scope="module")
 def hub(sim_cluster, tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    info = build_checkpoint(root)
     # The nodes reach this machine only through the harness bridge; the emulator listens there alone.
-    with HubEmulator(root, host=sim_cluster.bridge_ip) as emulator:
+    with serve_hub(tmp_path_factory.mktemp("hub"), host=sim_cluster.bridge_ip) as emulator:
         assert emulator.server.server_address[0] == sim_cluster.bridge_ip
-        emulator.info = info
-        emulator.expected = commit_files(emulator, info["new"])
+        emulator.expected = commit_files(emulator, emulator.info["new"])
         yield emulator
 
 

@@ -1,15 +1,21 @@
-"""A checkpoint site on this machine for the checkpoint playbook, and a playbook run a test can interrupt.
+"""What the checkpoint tests share: the hub emulator serving a checkpoint of the real shape, a checkpoint
+fetched by the role's own module, a checkpoint site on this machine for the checkpoint playbook, and a
+playbook run a test can interrupt.
 
-Two inventory hosts with a local connection stand for the head and a worker, each with its own
-model directory beside the other; the worker's "fabric" is a remote shell that runs rsync's far
-side locally. The hub is the local emulator (tests/standins/hub_emulator.py), passed in.
+The site: two inventory hosts with a local connection stand for the head and a worker, each with its
+own model directory beside the other. Their fabric addresses are two loopback addresses: the sync's
+rsync daemon listens on the head's (127.0.0.1), the worker's pull connects from its own (127.0.0.2),
+started through a remote shell that runs it here, as ssh runs it on the worker. The hub is the local
+emulator (tests/standins/hub_emulator.py), passed in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -19,8 +25,67 @@ from pathlib import Path
 import yaml
 
 from tests.lib.playbook import REPO, run_playbook
+from tests.lib.role_module import run_role_module
+from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
 PLAYBOOK = "playbooks/checkpoint.yml"
+SCALES = "model-input-scales.safetensors"
+SHARD = "model-00042-of-00120.safetensors"
+CODE = "modeling_glm5_next.py"
+CODE_TEXT = "import torch\n\nclass Glm5NextForConditionalGeneration:\n    pass\n"
+# The hub client writes what arrives in 10 MiB chunks: a shard bigger than that leaves bytes on disk
+# when its download is cut or held part-way.
+BIG_SHARD_BYTES = 24 << 20
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def grow_shard(source: Path) -> int:
+    """Make SHARD of a built commit bigger than the client's write chunk (its own file: the commits share
+    unchanged files as hard links). Returns its size."""
+    shard = source / SHARD
+    shard.unlink()
+    shard.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(BIG_SHARD_BYTES)}))
+    return shard.stat().st_size
+
+
+@contextlib.contextmanager
+def serve_hub(root: Path, *, seed: int | None = None, host: str = "127.0.0.1", code: bool = False,
+              big_shard: bool = False):
+    """The hub emulator on ``host`` serving a checkpoint of the real shape built under ``root``.
+
+    The emulator carries ``info`` (build_checkpoint's: repo_id, the old and new commits, file names)
+    and ``source`` (the new commit's files). ``code``: the new commit also holds CODE (a code file
+    the server would run); ``big_shard``: its SHARD is bigger than the client's write chunk.
+    """
+    info = build_checkpoint(root) if seed is None else build_checkpoint(root, seed=seed)
+    source = Path(root) / info["repo_id"] / info["new"]
+    if big_shard:
+        grow_shard(source)
+    if code:
+        (source / CODE).write_text(CODE_TEXT)
+    with HubEmulator(root, host=host) as emulator:
+        emulator.info = info
+        emulator.source = source
+        yield emulator
+
+
+def fetch_checkpoint(hub, base: Path, tmp: Path | None = None, **kw) -> dict:
+    """checkpoint_fetch of the hub's new commit into ``base``/glm53 (its record beside it), run as Ansible
+    runs the module; returns the module's result."""
+    return run_role_module("checkpoint", "checkpoint_fetch", {
+        "repo_id": hub.info["repo_id"], "revision": hub.info["new"], "model_dir": str(base / "glm53"),
+        "endpoint": hub.url, **kw}, tmp or base)
+
+
+def changed_tasks(result) -> list[str]:
+    """'host: task' of every task a playbook run reported changed."""
+    return [f"{d['host']}: {d['task']}" for d in result.changed]
 
 
 def make_site(base: Path, hub) -> dict:
@@ -30,7 +95,8 @@ def make_site(base: Path, hub) -> dict:
     rsh.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
     rsh.chmod(rsh.stat().st_mode | stat.S_IXUSR)
     common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    # Distinct fabric addresses, as the inventory check demands (the fake rsh never dials them).
+    # Distinct fabric addresses, as the inventory check demands: the sync's daemon listens on the head's,
+    # the worker's pull comes from its own.
     inventory = {"spark": {"children": {
         "spark_head": {"hosts": {"spark-0": {**common, "spark_fabric_ip": "127.0.0.1",
                                              "spark_model_dir": str(base / "head" / "glm53")}}},
@@ -50,6 +116,8 @@ def make_site(base: Path, hub) -> dict:
             # The toolchain venv already holds the pinned client, so the install task has nothing to do.
             "checkpoint_venv_dir": str(Path(sys.executable).parent.parent),
             "checkpoint_sync_ssh_command": str(rsh),
+            # A port of the site's own: local sites of other tests may sync at the same time.
+            "checkpoint_sync_rsyncd_port": free_port(),
             "checkpoint_progress_interval": 1,
             "checkpoint_disk_reserve_bytes": 0,
             # The room checkpoint.yml measures first (preflight's disk rule) for this small checkpoint, as the

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, free_port, serve_hub
 from tests.lib.role_module import module_utils, run_role_module
-from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
-
-SHARD = "model-00042-of-00120.safetensors"
-CODE = "modeling_glm5_next.py"
-CODE_TEXT = "import torch\n\nclass Glm5NextForConditionalGeneration:\n    pass\n"
+from tests.standins.hub_emulator import HubEmulator
 
 
 def common():
@@ -43,18 +39,9 @@ def verify(model: Path, tmp: Path, **kw) -> dict:
         "model_dir": str(model), "record_path": f"{model}.record.json", "fail_on_problems": False, **kw}, tmp)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    info = build_checkpoint(root)
-    with HubEmulator(root) as emulator:
-        emulator.info = info
+    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
         yield emulator
 
 
@@ -190,11 +177,7 @@ def test_a_stray_file_is_refused_before_any_hashing(ckpt, tmp_path, mode):
 
 @pytest.fixture(scope="module")
 def code_hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("code-hub")
-    info = build_checkpoint(root, seed=21)
-    (root / info["repo_id"] / info["new"] / CODE).write_text(CODE_TEXT)
-    with HubEmulator(root) as emulator:
-        emulator.info = info
+    with serve_hub(tmp_path_factory.mktemp("code-hub"), seed=21, code=True) as emulator:
         yield emulator
 
 
@@ -253,19 +236,15 @@ def test_the_transfer_meter_counts_only_the_bytes_this_run_moved():
 
 
 def test_fetch_progress_after_a_resume(tmp_path):
-    root = tmp_path / "hub"
-    info = build_checkpoint(root, seed=13)
-    source = root / info["repo_id"] / info["new"] / SHARD
-    source.unlink()
-    source.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(24 << 20)}))
-    size, had = source.stat().st_size, 16 << 20
-    # What an interrupted run left: the revision's partial file with its first 16 MiB.
-    staging = tmp_path / ".glm53.partial"
-    staging.mkdir()
-    (staging / "revision").write_text(info["new"] + "\n")
-    (staging / f"{SHARD}.part").write_bytes(source.read_bytes()[:had])
     progress = tmp_path / "progress.json"
-    with HubEmulator(root) as hub:
+    with serve_hub(tmp_path / "hub", seed=13, big_shard=True) as hub:
+        info, source = hub.info, hub.source / SHARD
+        size, had = source.stat().st_size, 16 << 20
+        # What an interrupted run left: the revision's partial file with its first 16 MiB.
+        staging = tmp_path / ".glm53.partial"
+        staging.mkdir()
+        (staging / "revision").write_text(info["new"] + "\n")
+        (staging / f"{SHARD}.part").write_bytes(source.read_bytes()[:had])
         res = fetch(hub.url, info, tmp_path, tmp_path, files=[SHARD], progress_path=str(progress),
                     progress_id="resumed")
         assert not res.get("failed"), res.get("msg")

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.checkpoint_site import SCALES, SHARD, fetch_checkpoint, serve_hub
 from tests.lib.role_module import module_utils, run_role_module
-from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
+from tests.standins.hub_emulator import HubEmulator, build_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "roles" / "checkpoint" / "library"
-SCALES = "model-input-scales.safetensors"
-SHARD = "model-00042-of-00120.safetensors"
 MODULES = sorted(p.stem for p in LIBRARY.glob("*.py"))
 
 
@@ -41,10 +40,7 @@ def load_file(name: str, path: Path):
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub")
-    info = build_checkpoint(root)
-    with HubEmulator(root) as emulator:
-        emulator.info = info
+    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
         yield emulator
 
 
@@ -52,9 +48,7 @@ def hub(tmp_path_factory):
 def pristine(hub, tmp_path_factory):
     """A complete fetched checkpoint and its record, copied fresh for each test."""
     base = tmp_path_factory.mktemp("pristine")
-    model = base / "glm53"
-    res = run_module("checkpoint_fetch", {"repo_id": hub.info["repo_id"], "revision": hub.info["new"],
-                                          "model_dir": str(model), "endpoint": hub.url}, base)
+    res = fetch_checkpoint(hub, base)
     assert not res.get("failed"), res
     return base
 
@@ -300,12 +294,9 @@ def test_progress_ignores_an_older_run_and_sees_the_end(tmp_path):
 
 def test_a_broken_stream_resumes_from_the_bytes_on_disk_within_the_run(tmp_path):
     # Bigger than the client's 10 MiB write chunk, so the broken first stream leaves bytes behind.
-    root = tmp_path / "hub"
-    info = build_checkpoint(root, seed=11)
-    shard_path = root / info["repo_id"] / info["new"] / SHARD
-    shard_path.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(24 << 20)}))
-    size, cut = shard_path.stat().st_size, 16 << 20
-    with HubEmulator(root) as hub:
+    with serve_hub(tmp_path / "hub", seed=11, big_shard=True) as hub:
+        info, shard_path = hub.info, hub.source / SHARD
+        size, cut = shard_path.stat().st_size, 16 << 20
         hub.fault(SHARD, drop_at=cut, then_unavailable=False)
         res = run_module("checkpoint_fetch", {"repo_id": info["repo_id"], "revision": info["new"],
                                               "model_dir": str(tmp_path / "glm53"), "endpoint": hub.url,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lib.checkpoint_site import free_port
 from tests.lib.role_module import _BOOTSTRAP, REPO, run_role_module
 
 FILES = {"model-00001-of-00003.safetensors": 700_000, "model-00002-of-00003.safetensors": 500_000,
@@ -28,12 +29,6 @@ FILES = {"model-00001-of-00003.safetensors": 700_000, "model-00002-of-00003.safe
 
 def run_sync(args: dict, tmp: Path) -> dict:
     return run_role_module("checkpoint", "checkpoint_sync", args, tmp)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
