@@ -6,8 +6,8 @@ fails with the real fingerprint. With 2 x 65536 the frontier is 65536 -> 2 (the 
 the group runs: no restart), 131072 -> 1, and 262144 does not start; the group must end on what it
 ran before (65536 x 2), answering the verify questions. The search's doubling and bisection over
 larger ranges are the unit tests' (tests/unit/test_sglang_benchmark.py); here every kind of trial
-happens once on real restarts: a fit, a failure above a fit, a context that does not start. A second run resumes from the record (no trial
-again) and ends on the profile tune_apply names.
+happens once on real restarts: a fit, a failure above a fit, a context that does not start. A second
+run resumes from the record (no trial again) and ends on the profile tune_apply names.
 """
 
 from __future__ import annotations
