@@ -134,6 +134,8 @@ def knobs():
         data = {}
     out = dict(DEFAULTS)
     out.update(data.get("sglang", {}))
+    # The image's own build (the docker stand-in's registry knob): its tile, say, over the node's.
+    out.update(json.loads(os.environ.get("SPARK_SIM_IMAGE_KNOBS") or "{}"))
     out["compute_cap"] = str(data.get("gpu", {}).get("compute_cap", "12.1"))
     corruption = out["output_corruption"] or []
     out["output_corruption"] = [corruption] if isinstance(corruption, str) else list(corruption)
