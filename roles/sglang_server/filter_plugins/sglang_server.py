@@ -738,6 +738,31 @@ def _check_scalars(ctx, errors):
     return port, dist
 
 
+BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+# What each switch does, for its refusal.
+SWITCHES = {
+    "sglang_server_rollback": "whether a change that fails readiness or verify goes back to the last good configuration",
+    "sglang_server_uninstall_images": "whether the role's uninstall removes the images the group ran",
+    "upgrade_benchmark": "whether playbooks/upgrade.yml measures the single-stream figures before and after",
+    "uninstall_images": "whether playbooks/uninstall.yml removes the pulled images too",
+    "uninstall_checkpoint": "whether playbooks/uninstall.yml removes the checkpoint too",
+}
+
+
+def _as_bool(value):
+    """What Ansible's bool filter takes (-e x=true arrives as a string); None when it is no boolean."""
+    if isinstance(value, bool):
+        return value
+    return BOOL_TEXT.get(str(value).strip().lower()) if isinstance(value, (str, int)) else None
+
+
+def _check_switches(ctx, errors):
+    for var, value in (ctx.get("switches") or {}).items():
+        if _as_bool(value) is None:
+            errors.append(f"{var} = {_show(value)}: must be true or false ({SWITCHES.get(var, 'a switch')}). "
+                          "Fix: use a YAML boolean, e.g. -e " + var + "=true.")
+
+
 def sglang_server_plan(ctx, model, hostvars=None):
     """Validate everything and compute the launch arguments for one host.
 
@@ -766,6 +791,7 @@ def sglang_server_plan(ctx, model, hostvars=None):
     _check_shape(ctx, model, nodes, errors)
     _check_supervision(ctx, nodes, errors)
     backend = _check_access(ctx, port, dist, errors)
+    _check_switches(ctx, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
     if errors:
@@ -917,9 +943,118 @@ def sglang_server_rejoin_problems(reads, ctx, model, hostvars, expected):
     return found
 
 
+def _arg(args, flag):
+    """The value after `flag` in a launch argument list, '' when absent."""
+    args = [str(a) for a in args or []]
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else ""
+
+
+def sglang_server_rollback_plan(results, enabled, head):
+    """Whether the TP group goes back to its last good configuration, why not, and what it waits for then.
+
+    ``results`` are the looped results (``item``: the rank) of the sglang_server_config module's
+    ``state=read`` on every rank, ``head`` the rank that serves. A group rolls back only as one: every
+    rank must keep a last good configuration of one image, and some rank must run something else
+    (otherwise the failure is not a change's and going back would change nothing). The readiness probe
+    then waits for the model and the address the restored head's server-args.json names (a change may
+    have moved them). Returns {do, why, image, differences: {rank: [what]}, model, probe_url}.
+    """
+    out = {"do": False, "why": "", "image": {}, "differences": {}, "model": "", "probe_url": ""}
+    if not _as_bool(enabled):
+        out["why"] = "sglang_server_rollback is false: a failed change stops every rank"
+        return out
+    reads = {str(r.get("item")): r for r in results or []}
+    failed = [rank for rank, r in reads.items() if r.get("failed")]
+    if failed:
+        out["why"] = (f"the last good configuration of {', '.join(failed)} could not be read ("
+                      + "; ".join(str(reads[r].get("msg", "?")) for r in failed) + ")")
+        return out
+    kept = [rank for rank, r in reads.items() if r.get("last_good")]
+    if not kept:
+        out["why"] = "no rank keeps a last good configuration yet (a first deployment, or none has passed verify)"
+        return out
+    if len(kept) < len(reads):
+        missing = [rank for rank in reads if rank not in kept]
+        out["why"] = (f"{', '.join(missing)} keep{'s' if len(missing) == 1 else ''} no last good configuration "
+                      "(re-provisioned since the last verified deployment?): the group can only go back as one")
+        return out
+    ids = sorted({reads[rank]["last_good"].get("image_id", "") for rank in kept})
+    if len(ids) > 1:
+        out["why"] = f"the ranks keep different last good images ({', '.join(ids)}): they would not form one group"
+        return out
+    out["differences"] = {rank: list(r.get("differences") or []) for rank, r in reads.items() if r.get("differs")}
+    if not out["differences"]:
+        out["why"] = ("every rank runs its last good configuration already: the failure is not a change's, and going "
+                      "back would change nothing")
+        return out
+    args = (reads.get(str(head)) or {}).get("last_good_args") or []
+    host, port = _arg(args, "--host"), _arg(args, "--port")
+    if not host or host in ("0.0.0.0", "::"):  # noqa: S104 - a bind address read, not bound
+        host = "127.0.0.1"
+    out.update(do=True, image=reads[kept[0]]["last_good"], model=_arg(args, "--model-path"),
+               probe_url=f"http://{'[' + host + ']' if ':' in host else host}:{port or 30000}/v1/models")
+    return out
+
+
+JOURNAL_PREFIX = re.compile(r"^\S+ \S+ (\S+\[[0-9]+\]: )?")
+# Error lines of each rank that the failure quotes.
+SHOWN_LINES = 4
+
+
+def sglang_server_failure_cause(final, nodes, failure, error_lines, head):
+    """What a failed start is failed with: the one pass's summary of every rank, then the error lines of the
+    ranks that went down (the head's when every rank stayed up: a timeout), a rank whose lines repeat an
+    earlier rank's named as the same.
+
+    ``final`` maps each rank to what readiness_failed.yml read of it ({active, ended, summary, journal}),
+    ``nodes`` is the rank order, ``error_lines`` a regular expression of the journal lines that name a cause.
+    """
+    final = final or {}
+    down = sorted((h for h in nodes if h in final and not final[h].get("active")),
+                  key=lambda h: float(final[h].get("ended") or 0))
+    text = (f"SGLang did not come up ({' '.join(str(failure).split())}). Every rank as one pass read it before they "
+            "were stopped: " + "; ".join(f"{h} {final[h].get('summary', '?')}" for h in nodes if h in final))
+    if down:
+        text += f"; first to end: {down[0]}"
+    text += "."
+    pattern = re.compile(error_lines)
+    seen = {}
+    for host in down or [head]:
+        journal = [JOURNAL_PREFIX.sub("", line) for line in (final.get(host) or {}).get("journal") or []]
+        lines = ([line for line in journal if pattern.search(line)] or journal)[-SHOWN_LINES:]
+        if not lines:
+            continue
+        key = "\n".join(lines)
+        if key in seen:
+            text += f" {host}'s journal: the same as {seen[key]}'s."
+            continue
+        seen[key] = host
+        text += f" {host}'s journal: " + " | ".join(line.rstrip(".") for line in lines) + "."
+    return text
+
+
+def sglang_server_doctor_lines(results):
+    """The doctor's findings on the failed start, one host's lines each, a host whose findings repeat an
+    earlier host's named as the same. ``results`` maps each host to its sglang_doctor_result ({findings, lines})."""
+    out, seen = [], {}
+    for host, result in (results or {}).items():
+        ids = tuple((result or {}).get("findings") or [])
+        if not ids:
+            continue
+        if ids in seen:
+            out.append(f"{host}: the same ({', '.join(ids)}) as {seen[ids]}.")
+            continue
+        seen[ids] = host
+        out += [" ".join(str(line).split()) for line in (result or {}).get("lines") or []]
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {
             "sglang_server_plan": sglang_server_plan,
             "sglang_server_rejoin_problems": sglang_server_rejoin_problems,
+            "sglang_server_rollback_plan": sglang_server_rollback_plan,
+            "sglang_server_failure_cause": sglang_server_failure_cause,
+            "sglang_server_doctor_lines": sglang_server_doctor_lines,
         }
