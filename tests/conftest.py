@@ -38,6 +38,7 @@ from tests.lib import node_state
 # Everything else keeps its file order.
 HEAVY_FIRST = (
     "test_supervisor.py",
+    "test_change.py",
     "test_tune.py",
     "test_server_nodes.py",
     "test_firewall.py",

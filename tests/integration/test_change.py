@@ -1,0 +1,258 @@
+"""Changing safely on simulated nodes: rollback of a failed change, upgrade.yml, uninstall.yml.
+
+One pair, deployed once by site.yml (the supervisor on, as a real site runs it), carries the
+tests in file order, as one site's history: bad input refused before any change; a flag that
+does not fit (the hybrid state cache), an image whose ranks cannot launch the TileLang kernels
+and an image that answers wrongly (verify fails), each going back by itself to the last good
+configuration, which then serves and verifies; an upgrade to a second tag, pulled everywhere
+before any rank stops, and a second run that changes nothing; uninstall.yml in check mode and
+for real, compared with the pair as it booted; and site.yml again, serving without a byte from
+the hub. The images are the docker stand-in's registry builds (tests/standins/README.md); the
+nodes are observed over SSH, the hub through its counters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from tests.harness import cluster as sim
+from tests.lib import node_state
+from tests.lib.playbook import run_playbook
+from tests.lib.supervised import api_key_header, generate
+
+pytestmark = pytest.mark.slow
+
+UNIT = "sglang.service"
+FILES = {"unit": f"/etc/systemd/system/{UNIT}", "env": "/etc/sglang/sglang.env", "args": "/etc/sglang/server-args.json"}
+LAST_GOOD = "/etc/sglang/last-good"
+IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
+# Builds the stand-in registry serves: SGLang's default TileLang tile (too big for GB10's shared
+# memory), one that answers 17 x 23 wrongly, and a plain second tag.
+TILE, WRONG, V2 = f"{IMAGE}-tile", f"{IMAGE}-wrong", f"{IMAGE}-v2"
+BUILDS = {TILE: {"sglang": {"tilelang_tile": "default"}}, WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
+PLAN = "Refuse invalid SGLang server settings before any change"
+ROLLED_BACK = "The change failed and was rolled back: every rank runs its last good configuration again"
+
+
+def sh(node, command: str) -> str:
+    return sim.ssh(node, command, timeout=120)
+
+
+def config(cluster) -> dict:
+    """Every rank's installed unit, env file and server-args.json (digests) and the env file's mode."""
+    return {n.name: sh(n, f"sha256sum {' '.join(FILES.values())}; stat -c %a {FILES['env']}") for n in cluster.nodes}
+
+
+def last_good(cluster) -> dict:
+    return {n.name: json.loads(sh(n, f"cat {LAST_GOOD}/config.json"))["image"] for n in cluster.nodes}
+
+
+def running_image(node) -> str:
+    return sh(node, "docker inspect --type container --format '{{.Image}}' sglang").strip()
+
+
+def image_id(node, ref: str) -> str:
+    return sh(node, f"docker image inspect --format '{{{{.Id}}}}' {ref}").strip()
+
+
+def started(cluster) -> list[str]:
+    return [sh(n, f"systemctl show {UNIT} -p ActiveEnterTimestampMonotonic --value").strip() for n in cluster.nodes]
+
+
+def hub_bytes(cluster) -> int:
+    with urllib.request.urlopen(f"{cluster.hub_url}/_emulator/stats", timeout=10) as resp:  # noqa: S310 - the harness's hub
+        return sum(json.loads(resp.read())["bytes_served"].values())
+
+
+def events(node, since: float) -> list[dict]:
+    out = sh(node, f"docker events --since {since} --until {time.time() + 1:.3f} --format '{{{{json .}}}}'")
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def assert_back_on_the_last_good_configuration(site, result, before):
+    assert result.rc != 0
+    assert ROLLED_BACK in result.failure_messages(), result.failure_messages() or result.stdout[-3000:]
+    # The unit files (and env file, 0600, and server-args.json) are the previous ones, byte for byte.
+    assert config(site.cluster) == before
+    assert sh(site.cluster.nodes[0], f"ls /etc/sglang; stat -c %a {LAST_GOOD}/sglang.env").split() == [
+        "last-good", "server-args.json", "sglang.env", "supervisor.json", "600"]
+    kept = last_good(site.cluster)
+    assert kept == site.kept
+    assert [running_image(n) for n in site.cluster.nodes] == [kept[n.name]["image_id"] for n in site.cluster.nodes]
+    assert generate(site.cluster)
+    # The API key travels in the env file only: in no output of the run, the rollback's included.
+    key = api_key_header(site.cluster)["Authorization"].split()[1]
+    assert key not in result.stdout
+
+
+class Site:
+    def __init__(self, cluster, fresh, extravars):
+        self.cluster, self.fresh, self.vars = cluster, fresh, extravars
+        self.kept = {}
+
+    def play(self, playbook, check=False, **extravars):
+        return run_playbook(playbook, self.cluster.inventory, extravars={**self.vars, **extravars}, check=check)
+
+
+@pytest.fixture(scope="module")
+def site(sim_cluster, tmp_path_factory):
+    reports = str(tmp_path_factory.mktemp("reports"))
+    for n in sim_cluster.nodes:
+        sim.set_knobs(sim_cluster.instance, n.name, {"docker": {"registry": BUILDS}, "sglang": {"load_seconds": 0.2}})
+    # The pair as it booted: what uninstall.yml must give back.
+    fresh = node_state.snapshot(sim_cluster)
+    s = Site(sim_cluster, fresh, {
+        "sglang_supervisor_enabled": True,
+        "sglang_verify_report_dir": reports, "sglang_doctor_bundle_dir": reports, "sglang_benchmark_report_dir": reports})
+    result = s.play("site.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    s.kept = last_good(sim_cluster)
+    assert {k["image_ref"] for k in s.kept.values()} == {IMAGE}
+    s.reports = reports
+    return s
+
+
+def test_bad_input_is_refused_before_any_node_changes(site):
+    before, files = started(site.cluster), config(site.cluster)
+    upgrade = site.play("playbooks/upgrade.yml", sglang_server_image="lmsysorg/sglang:latest", upgrade_benchmark="maybe",
+                        sglang_server_rollback="sometimes")
+    uninstall = site.play("playbooks/uninstall.yml", uninstall_images="perhaps", uninstall_checkpoint="later")
+    for result in (upgrade, uninstall):
+        assert result.rc != 0 and {d["task"] for d in result.failed} == {PLAN}, result.stdout[-3000:]
+        assert result.changed == []
+    messages = upgrade.failure_messages()
+    assert "sglang_server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves" in messages
+    assert "upgrade_benchmark = 'maybe': must be true or false" in messages
+    assert "sglang_server_rollback = 'sometimes': must be true or false" in messages
+    messages = uninstall.failure_messages()
+    assert "uninstall_images = 'perhaps': must be true or false" in messages
+    assert "uninstall_checkpoint = 'later': must be true or false" in messages
+    assert started(site.cluster) == before and config(site.cluster) == files
+
+
+def test_a_flag_that_does_not_fit_goes_back_to_the_last_good_configuration(site):
+    before = config(site.cluster)
+    result = site.play("playbooks/server.yml", sglang_server_flag_overrides={"max-running-requests": 8})
+    assert_back_on_the_last_good_configuration(site, result, before)
+    message = result.failure_messages()
+    # The new configuration's cause: its ranks' journal lines and the doctor's remedy, from its own figures.
+    assert "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. " \
+           "max_mamba_cache_size=20, mamba_ratio=5, resulting max_num_reqs=4" in message
+    assert "apply with: sglang_server_flag_overrides: {max-running-requests: 4}" in message
+    for n in site.cluster.nodes:
+        args = json.loads(sh(n, f"cat {FILES['args']}"))
+        assert args[args.index("--max-running-requests") + 1] == "2"
+
+
+def test_an_image_whose_ranks_cannot_start_goes_back_to_the_last_good_configuration(site):
+    before = config(site.cluster)
+    result = site.play("playbooks/upgrade.yml", sglang_server_image=TILE)
+    assert_back_on_the_last_good_configuration(site, result, before)
+    message = result.failure_messages()
+    assert "Failed to set the allowed dynamic shared memory size to 169984" in message
+    assert "Use the GB10 tile block_I=32, num_stages=1, threads=128" in message
+    # It was pulled and started everywhere before it failed: not refused up front.
+    assert all(image_id(n, TILE).startswith("sha256:") for n in site.cluster.nodes)
+
+
+def test_an_image_that_fails_verify_goes_back_and_the_last_good_configuration_verifies(site):
+    before = config(site.cluster)
+    result = site.play("playbooks/upgrade.yml", sglang_server_image=WRONG)
+    assert_back_on_the_last_good_configuration(site, result, before)
+    assert "What failed: verify failed: Verification of " in result.failure_messages()
+    assert "failed: reasoning" in result.failure_messages()
+
+    verify = site.play("playbooks/verify.yml")
+    assert verify.rc == 0, verify.failure_messages() or verify.stdout[-3000:]
+    table = "\n".join(next(iter(verify.results("Show the verification table").values()))["msg"])
+    assert table.count("PASS") == 5, table
+    assert verify.changed == [], "nothing was pending: the last good configuration serves"
+
+
+def test_an_upgrade_pulls_everywhere_before_any_rank_stops_and_serves_the_new_image(site):
+    t0 = time.time()
+    result = site.play("playbooks/upgrade.yml", sglang_server_image=V2, upgrade_benchmark=True,
+                       sglang_benchmark_max_tokens=8, sglang_benchmark_min_requests=2, sglang_benchmark_rounds=1)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    seen = {n.name: events(n, t0) for n in site.cluster.nodes}
+    pulled = [min(e["timeNano"] for e in seen[name] if e["Action"] == "pull" and e["Actor"]["ID"] == V2) for name in seen]
+    stopped = min(e["timeNano"] for name in seen for e in seen[name]
+                  if e["Type"] == "container" and e["Action"] in ("kill", "stop", "die"))
+    assert max(pulled) < stopped, seen
+    # Served after, the new image ID recorded as every rank's last good one and shown per node.
+    new_id = {image_id(n, V2) for n in site.cluster.nodes}
+    assert len(new_id) == 1
+    (new_id,) = new_id
+    assert {k["image_id"] for k in last_good(site.cluster).values()} == {new_id}
+    assert {running_image(n) for n in site.cluster.nodes} == {new_id}
+    lines = {h: r["msg"] for h, r in result.results("Show one line per node").items()}
+    assert all(f"image {V2} ({new_id[7:19]})" in line for line in lines.values()), lines
+    assert "endpoint healthy" in lines["spark-0"]
+    assert generate(site.cluster)
+    # The single stream before and after, side by side.
+    after = next(iter(result.results("Show the report").values()))["msg"]
+    assert any("Compared with " in line and "-before.json" in line for line in after), after
+
+    again_before = started(site.cluster)
+    again = site.play("playbooks/upgrade.yml", sglang_server_image=V2)
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    assert again.changed == []
+    assert started(site.cluster) == again_before
+    site.kept = last_good(site.cluster)
+
+
+def test_uninstall_in_check_mode_lists_what_would_go_and_changes_nothing(site):
+    before = started(site.cluster)
+    result = site.play("playbooks/uninstall.yml", check=True)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    listed = [e["event_data"] for e in result.task_events("runner_on_ok")
+              if e["event_data"].get("task", "").startswith("List what goes")]
+    said = " ".join(d["res"]["msg"] for d in listed)
+    head = " ".join(d["res"]["msg"] for d in listed if d["host"] == "spark-0")
+    for item in ("would remove /etc/systemd/system/sglang-supervisor.service", "/etc/systemd/system/sglang.service, /etc/sglang",
+                 "/etc/nftables.d/sglang_guard.nft", "/opt/spark-checkpoint/venv", "/etc/netplan/40-cx7.yaml",
+                 "/root/.ssh/id_spark_fabric", "keeping the checkpoint: /opt/models/glm53"):
+        assert item in head, head
+    assert "the head key in" in said
+    assert started(site.cluster) == before
+    assert all(sh(n, f"systemctl is-active {UNIT}").strip() == "active" for n in site.cluster.nodes)
+    assert generate(site.cluster)
+
+
+# What a node keeps after uninstall.yml that the collection did not install, or keeps on purpose.
+KEPT = (
+    "/opt/models",  # the checkpoint with its record, stamp and partial files (uninstall_checkpoint)
+    "/var/lib/spark-sim",  # the docker stand-in's engine state: the pulled images (uninstall_images)
+    "/etc/spark-sim",  # the stand-in knobs this module set
+    "/root/.ansible_async",  # Ansible's own records of async jobs (the checkpoint fetch), like ~/.ansible
+    "/usr/share/netplan/netplan_cli/__pycache__", "/usr/share/netplan/netplan_cli/cli/",  # netplan's bytecode
+    "/var/lib/prometheus/",  # the image's Prometheus writes its own database
+)
+# Units the OS pulled in for the ranks' After=network-online.target; the MTU stays until the next boot.
+KEPT_LIVE = ("units: + network-online.target ", "units: + systemd-networkd-wait-online.service ", "links: ")
+
+
+def test_uninstall_leaves_the_nodes_as_they_booted_but_the_checkpoint_and_the_images(site):
+    result = site.play("playbooks/uninstall.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    left = [line for line in node_state.changes(site.fresh, site.cluster)
+            if not line.split(": ", 1)[1].startswith(KEPT) and not line.split(": ", 1)[1].startswith(KEPT_LIVE)]
+    assert left == [], "\n".join(left)
+    for n in site.cluster.nodes:
+        assert sh(n, "ip -o -4 addr show dev enp1s0f1np1").strip() == "", "the fabric port has no address"
+        assert sh(n, "pgrep -af '[s]glang' || true").strip() == ""
+        assert sh(n, f"test -e /opt/models/glm53.verified && docker image inspect --format ok {V2}").strip() == "ok"
+
+
+def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
+    before = hub_bytes(site.cluster)
+    result = site.play("site.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    assert hub_bytes(site.cluster) == before
+    table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
+    assert table.count("PASS") == 5, table
+    assert generate(site.cluster)
