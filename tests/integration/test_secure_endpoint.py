@@ -102,8 +102,13 @@ def test_the_key_is_in_no_output_command_line_or_readable_file(site):
         # Only the env file holds it, 0600; no world-readable file under /etc, no Ansible async job file.
         holders = sh(node, "grep -rlF -f /dev/stdin /etc /root/.ansible_async /tmp /var/tmp 2>/dev/null || true",
                      stdin=key + "\n").split()
-        assert holders == ["/etc/sglang/sglang.env"], (node.name, holders)
-        assert sh(node, "stat -c %a /etc/sglang/sglang.env /etc/sglang").split() == ["600", "700"]
+        # Besides the env file, only its copies the server role keeps for a rollback (pending, last-good).
+        kept = {"/etc/sglang/pending/sglang.env", "/etc/sglang/last-good/sglang.env"}
+        assert "/etc/sglang/sglang.env" in holders and set(holders) <= kept | {"/etc/sglang/sglang.env"}, (node.name,
+                                                                                                          holders)
+        dirs = sorted({h.rsplit("/", 1)[0] for h in holders})
+        assert sh(node, f"stat -c %a {' '.join(holders)}").split() == ["600"] * len(holders), (node.name, holders)
+        assert sh(node, f"stat -c %a {' '.join(dirs)}").split() == ["700"] * len(dirs), (node.name, dirs)
         # Not on any process's command line (the launcher reads it from the environment) nor in the arguments file.
         argv = sh(node, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; cat /etc/sglang/server-args.json")
         assert "--api-key" not in argv.split() and key not in argv, node.name
