@@ -392,10 +392,12 @@ def test_unverified_checkpoint_refused_before_any_change(serving, sim_inventory)
 
 def test_failed_start_fails_early_shows_every_journal_and_stops_every_rank(serving, sim_inventory):
     head, worker = serving.nodes
-    processor = f"{MODEL_DIR}/processor_config.json"
     for node in serving.nodes:
         ssh(node, f"systemctl stop {UNIT}")
-    ssh(worker, f"mv {processor} /root/processor_config.json.saved")
+    # The worker's GPU gone (its driver not loaded): its container fails at start, before the rendezvous.
+    # A checkpoint file moved away would not do: the stamp no longer vouches for a changed file and the
+    # server refuses before any rank starts.
+    sim.set_knobs(serving.instance, worker.name, {"gpu": {"present": False}})
     try:
         result = server(sim_inventory)
         assert result.rc != 0
@@ -407,13 +409,13 @@ def test_failed_start_fails_early_shows_every_journal_and_stops_every_rank(servi
         shown = next(iter(result.results(JOURNALS).values()))["results"]
         journals = {r["item"]: "\n".join(r["msg"]) for r in shown}
         assert set(journals) == {head.name, worker.name}
-        assert "FileNotFoundError" in journals[worker.name] and "processor_config.json" in journals[worker.name]
+        assert "nvml error: driver not loaded" in journals[worker.name], journals[worker.name]
         assert "waiting for 1 other rank" in journals[head.name]
         for node in serving.nodes:
             assert unit_state(node)["ActiveState"] in ("inactive", "failed"), node.name
             assert sglang_processes(node) == "", node.name
     finally:
-        ssh(worker, f"mv /root/processor_config.json.saved {processor}")
+        sim.set_knobs(serving.instance, worker.name, {"gpu": {"present": True}})
         restore(serving, sim_inventory)
 
 
