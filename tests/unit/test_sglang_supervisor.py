@@ -15,12 +15,14 @@ import http.server
 import importlib.util
 import json
 import os
+import random
 import shlex
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.error
 from dataclasses import dataclass, field
@@ -108,6 +110,8 @@ class FakeCluster:
         self.load_seconds = 40.0
         self.key = KEY
         self.hang = False
+        self.hang_until_restart = False  # a hang that the head's next start clears (a wedged scheduler)
+        self.stops_while_serving: list[tuple[float, str]] = []  # a stop that broke a serving group: never allowed
         self.alert_rc = 0
         self.argvs: list[list[str]] = []  # every argv the supervisor ran, ssh included
         self.commands: list[tuple[float, str, list[str]]] = []  # (monotonic time, node, command on that node)
@@ -129,6 +133,8 @@ class FakeCluster:
         node.active, node.sub, node.result = "active", "running", "success"
         node.started, node.enter_us = now, int(now * 1e6)
         node.frozen = False
+        if node is self.nodes[0]:
+            self.hang_until_restart = False
         node.dies_at = now + node.dies_after if node.dies_after is not None else None
         if node.gpu_pids:
             # The old rank's memory is not free yet: the new one cannot load its weights.
@@ -168,6 +174,12 @@ class FakeCluster:
         head = self.nodes[0]
         return head.active == "active" and self.clock.mono >= head.started + self.load_seconds
 
+    def answers_generations(self) -> bool:
+        """What a client sees: every rank up, none frozen, the head loaded and not hung."""
+        self.refresh()
+        return (self.serving() and not (self.hang or self.hang_until_restart)
+                and all(n.reachable and n.active == "active" and not n.frozen for n in self.nodes))
+
     # -- the runner's interface --
 
     def run(self, argv, timeout, stdin=None):
@@ -195,6 +207,8 @@ class FakeCluster:
                 return S.Result(0, f"ActiveState={node.active}\nSubState={node.sub}\nResult={node.result}\n"
                                    f"ActiveEnterTimestampMonotonic={node.enter_us if node.started is not None else 0}\n")
             case ["systemctl", "stop", "sglang.service"]:
+                if self.answers_generations():
+                    self.stops_while_serving.append((self.clock.mono, node.name))
                 if node.active in ("active", "activating"):
                     self.end_rank(node, "inactive", "dead", "success")
                 return S.Result(0)
@@ -226,7 +240,7 @@ class FakeCluster:
         if (method, path) == ("GET", "/v1/models"):
             return 200, json.dumps({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]}).encode()
         if (method, path) == ("POST", "/v1/chat/completions"):
-            if self.hang or any(n.active != "active" or n.frozen for n in self.nodes):
+            if self.hang or self.hang_until_restart or any(n.active != "active" or n.frozen for n in self.nodes):
                 # Every token needs a collective across the ranks: a dead or frozen peer stalls it.
                 self.clock.advance(timeout)
                 raise TimeoutError("timed out")
@@ -276,10 +290,10 @@ class World:
         return json.loads((self.state_dir / "state.json").read_text())
 
     def tick(self, count: int = 1) -> None:
-        """What the daemon loop does: a check, then the interval."""
+        """What the daemon loop does: a check, then the interval (or less, up to a backed-off attempt)."""
         for _ in range(count):
             self.sup.tick()
-            self.clock.advance(self.sup.cfg.interval)
+            self.clock.advance(self.sup.next_wait())
 
     def boot(self) -> None:
         """A pair that serves, and a supervisor that has seen it serve."""
@@ -336,6 +350,7 @@ def new_world(tmp_path):
     yield make
     for world in made:
         assert_no_key(world)
+        assert world.cluster.stops_while_serving == [], "the supervisor stopped a rank of a group that served"
         for line in world.lines:
             assert "\n" not in line  # one journal line per event
 
@@ -383,6 +398,10 @@ def test_boot_with_every_rank_inactive_starts_the_group(new_world):
     assert st["state"] == "healthy" and len(st["restarts"]) == 1
     assert "every rank is down" in st["history"][0]["reason"]
     assert len(w.logged("restart:")) == 1 and len(w.logged("restarted:")) == 1
+    # A boot is no failure: once the group serves stable_after (600 s) the start no longer counts.
+    assert st["streak"] == 1
+    w.tick(20)
+    assert w.state()["streak"] == 0 and len(w.logged("stable:")) == 1
 
 
 # ---- a rank dies --------------------------------------------------------------------------------
@@ -461,25 +480,84 @@ def test_a_group_that_never_serves_is_restarted_after_the_readiness_timeout(new_
 
 # ---- bounded ------------------------------------------------------------------------------------
 
-def test_five_incidents_give_up_at_the_limit(new_world):
+def events(world: World, *names: str) -> list[tuple[float, dict]]:
+    """(wall time, event) of the supervisor's history, only `names` when given."""
+    return [(S.from_iso(e["time"]), e) for e in world.state()["history"] if not names or e["event"] in names]
+
+
+def test_spaced_incidents_heal_however_many_there_are(new_world):
+    """Five kills, more than max_restarts (3), each followed by stable_after (600 s) of healthy
+    generations: each restart is a recovery, the failing streak ends each time, no give-up."""
+    w = new_world()
+    w.boot()
+    for incident in range(1, 6):
+        w.cluster.kill(WORKER if incident % 2 else HEAD)
+        w.tick()
+        st = w.state()
+        assert st["state"] == "healthy" and len(st["restarts"]) == incident
+        assert st["streak"] == 1 and st["backoff"] == 60 and st["next_attempt"] == ""  # not stable yet
+        w.tick(19)
+        assert w.state()["streak"] == 1  # 570 s of healthy generations since the restart's first
+        w.tick()
+        st = w.state()
+        assert st["streak"] == 0 and st["backoff"] == 0 and st["next_attempt"] == ""
+        assert st["history"][-1]["event"] == "stable" and st["history"][-1]["streak"] == 1
+    assert len(w.logged("restart:")) == 5 and len(w.logged("stable:")) == 5
+    assert not w.logged("backing-off") and not w.logged("GAVE UP")
+    assert [line.split(": ", 2)[2].split(" (")[0] for line in w.logged("restart:")] == ["attempt 1/3 in a row"] * 5
+
+
+def test_a_failed_generation_starts_the_stable_period_over(new_world):
+    """Stable service is healthy generations without a break."""
+    w = new_world()
+    w.boot()
+    w.cluster.kill(WORKER)
+    w.tick(10)
+    w.cluster.hang = True
+    w.tick()  # one failed generation (1/3): no restart, but the 300 s served so far no longer count
+    w.cluster.hang = False
+    assert w.state()["streak"] == 1 and w.state()["healthy_since"] == ""
+    w.tick(19)
+    assert w.state()["streak"] == 1
+    w.tick(2)
+    assert w.state()["streak"] == 0 and len(w.state()["restarts"]) == 1
+
+
+def test_a_crash_loop_gives_up_after_the_streak_backing_off_between_attempts(new_world):
+    """A worker rank that dies 2 s into every start: the group never serves. Attempt 1 at once,
+    then 60 s and 120 s of back-off from each failure, every rank stopped meanwhile; the third
+    failed attempt completes the streak (max_restarts 3): it gives up, loudly, and then does nothing."""
     w = new_world(alert_command="/usr/local/bin/page-oncall")
     w.boot()
-    for _incident in range(3):
-        w.cluster.kill(WORKER)
-        w.tick()
-        assert w.state()["state"] == "healthy"
-        w.tick()
-    assert len(w.state()["restarts"]) == 3 and len(w.logged("restart:")) == 3
-    w.cluster.clear()
-    w.cluster.kill(WORKER)  # the fourth: one more restart would be needed
+    w.cluster.node(WORKER).dies_after = 2
+    w.cluster.kill(WORKER)
     w.tick()
-    assert w.actions() == [(HEAD, "stop"), (WORKER, "stop")]
-    assert all(n.active == "inactive" for n in w.cluster.nodes)  # no half group holding memory
+    st = w.state()
+    assert st["state"] == "stopped" and st["streak"] == 1 and st["backoff"] == 60 and st["next_attempt"]
+    assert all(n.active != "active" for n in w.cluster.nodes)
+    w.cluster.clear()
+    w.tick()  # a check 30 s into the back-off: nothing
+    assert w.actions() == [] and w.state()["streak"] == 1
+    w.tick()  # the next check comes at the attempt's time (the interval shortened to it), not later
+    assert w.actions()[:len(ORDERED_RESTART)] == ORDERED_RESTART
+    w.tick(10)
+    restarts = events(w, "restart")
+    failed = events(w, "restart-failed")
+    backing = events(w, "backing-off")
+    assert [e["attempt"] for _t, e in restarts] == [1, 2, 3] and [e["attempt"] for _t, e in failed] == [1, 2, 3]
+    assert [(e["streak"], e["backoff"]) for _t, e in backing] == [(1, 60), (2, 120)]
+    # Each back-off runs from the failure to the next attempt, to the second.
+    assert [restarts[i + 1][0] - failed[i][0] for i in range(2)] == [60, 120]
+    assert [backing[i][0] for i in range(2)] == [failed[i][0] for i in range(2)]
     gave_up = w.logged("GAVE UP")
-    assert len(gave_up) == 1 and "3 group restarts within 21600s already (limit 3)" in gave_up[0]
+    assert len(gave_up) == 1
+    assert "restart attempt 3 failed: a rank died during start-up: spark-1 failed/failed" in gave_up[0]
+    assert "3 group restart(s) in a row did not reach stable service (limit 3): a crash loop" in gave_up[0]
+    assert all(n.active != "active" for n in w.cluster.nodes)  # no half group holding memory
     marker = json.loads((w.state_dir / "gave-up.json").read_text())
-    assert marker["event"] == "gave-up" and "rank down while spark-0 runs alone" in marker["reason"]
-    assert len(marker["restarts"]) == 3 and marker["stopped"] == {HEAD: "stopped", WORKER: "stopped"}
+    assert marker["event"] == "gave-up" and marker["streak"] == 3 and len(marker["restarts"]) == 3
+    assert marker["max_restarts"] == 3 and marker["stable_after"] == 600 and marker["window_max_restarts"] == 20
+    assert marker["stopped"] == {HEAD: "stopped", WORKER: "stopped"}
     for name in (HEAD, WORKER):
         assert len(marker["journal"][name]) == 30
         assert marker["journal"][name][25] == f"{name} sglang[35]: launch_server --api-key <redacted>"
@@ -487,13 +565,77 @@ def test_five_incidents_give_up_at_the_limit(new_world):
     assert command == "/usr/local/bin/page-oncall" and json.loads(stdin) == marker
     assert w.logged("alert-sent")
     st = w.state()
-    assert st["state"] == "gave-up" and st["history"][-1]["event"] == "gave-up"
-    # The fifth incident and everything after: nothing at all until `resume`.
+    assert st["state"] == "gave-up" and st["history"][-1]["event"] == "gave-up" and st["next_attempt"] == ""
+    # Everything after: nothing at all until `resume`.
     w.cluster.clear()
+    w.cluster.node(WORKER).dies_after = None
     w.cluster.start_rank(w.cluster.node(WORKER))
     w.tick(10)
     assert w.cluster.commands == [] and w.cluster.requests == [] and w.cluster.alerts == [(command, stdin)]
     assert len(w.logged("GAVE UP")) == 1 and w.state()["state"] == "gave-up"
+
+
+def test_a_group_that_dies_soon_after_serving_is_a_streak_too(new_world):
+    """The worker's rank serves, then dies 60 s into each start (20 s after the group serves): each
+    restart succeeds but none reaches stable service. While backing off the head's rank, alone, is
+    stopped; the fourth incident finds the streak complete and gives up."""
+    w = new_world()
+    w.boot()
+    w.cluster.node(WORKER).dies_after = 60
+    w.cluster.kill(WORKER)
+    w.tick()
+    assert w.state()["state"] == "healthy" and w.logged("restarted")
+    w.cluster.clear()
+    w.tick()  # the worker died 20 s after the group served
+    st = w.state()
+    assert st["state"] == "stopped" and st["streak"] == 1 and st["backoff"] == 60
+    assert w.actions() == [(HEAD, "stop")] and w.logged("stopped: spark-0 while backing off")
+    seen = S.from_iso(st["history"][-2]["time"])
+    assert st["history"][-2]["event"] == "backing-off" and S.from_iso(st["next_attempt"]) == seen + 60
+    w.tick(30)
+    restarts = events(w, "restart")
+    backing = events(w, "backing-off")
+    assert [e["attempt"] for _t, e in restarts] == [1, 2, 3]
+    assert [e["backoff"] for _t, e in backing] == [60, 120]
+    assert [restarts[i + 1][0] - backing[i][0] for i in range(2)] == [60, 120]
+    gave_up = w.logged("GAVE UP")
+    assert len(gave_up) == 1 and "rank down while spark-0 runs alone" in gave_up[0]
+    assert "3 group restart(s) in a row did not reach stable service (600s of healthy generations) (limit 3)" in gave_up[0]
+    assert w.state()["state"] == "gave-up" and len(w.logged("restarted")) == 3
+
+
+def test_the_window_ceiling_ends_a_slow_loop_and_forgets_older_restarts(new_world):
+    """Each restart serves stable_after and more, then the group dies again: no streak, but at
+    window_max_restarts restarts within the window it gives up. A restart older than the window
+    no longer counts."""
+    w = new_world(window_max_restarts=3, window=3600, stable_after=60)
+    w.boot()
+    for _ in range(3):
+        w.cluster.kill(WORKER)
+        w.tick(4)
+        assert w.state()["streak"] == 0 and w.state()["state"] == "healthy"
+    first = S.from_iso(w.state()["restarts"][0])
+    w.clock.advance(first + 3600 - w.clock.wall)  # the first restart leaves the window
+    w.cluster.kill(WORKER)
+    w.tick(3)
+    st = w.state()
+    assert st["state"] == "healthy" and len(st["restarts"]) == 3 and not w.logged("GAVE UP")
+    assert st["streak"] == 0 and S.from_iso(st["restarts"][0]) > w.clock.wall - 3600
+    w.cluster.kill(WORKER)
+    w.tick()
+    gave_up = w.logged("GAVE UP")
+    assert len(gave_up) == 1 and "3 group restarts within 3600s already (ceiling 3): a slow loop" in gave_up[0]
+    assert len(w.logged("restart:")) == 4 and w.state()["streak"] == 0
+
+
+def test_the_back_off_doubles_up_to_its_cap():
+    cfg = S.Config(path="", unit="u", nodes=(S.Node("h", "", True),), ssh_user="root", ssh_key=None,
+                   ssh_known_hosts=None, connect_timeout=5, endpoint="http://x", model="m", env_file="", tls_ca=None,
+                   interval=30, failures=3, probe_timeout=20, max_restarts=9, window=21600, readiness_timeout=60,
+                   gpu_release_timeout=60, node_wait_report=600, alert_command="", state_dir="/nonexistent",
+                   backoff_initial=10, backoff_max=100)
+    assert [S.backoff_for(cfg, n) for n in range(8)] == [0, 10, 20, 40, 80, 100, 100, 100]
+    assert S.backoff_for(cfg, 10_000) == 100
 
 
 def test_an_alert_command_that_fails_is_logged_not_fatal(new_world):
@@ -506,19 +648,6 @@ def test_an_alert_command_that_fails_is_logged_not_fatal(new_world):
     assert w.logged("alert-failed") == ["sglang-supervisor: alert-failed: the alert command exited 7: "
                                         "curl: (7) Failed to connect"]
     assert w.state()["state"] == "gave-up" and w.state()["history"][-1]["alert"] == "failed: exit 7"
-
-
-def test_restarts_older_than_the_window_no_longer_count(new_world):
-    w = new_world(max_restarts=1, window=3600)
-    w.boot()
-    w.cluster.kill(WORKER)
-    w.tick()
-    assert len(w.state()["restarts"]) == 1
-    w.clock.advance(3600)
-    w.cluster.kill(WORKER)
-    w.tick()
-    st = w.state()
-    assert st["state"] == "healthy" and len(st["restarts"]) == 1 and not w.logged("GAVE UP")
 
 
 def test_resume_clears_a_give_up_and_the_next_check_starts_the_group(new_world, capsys):
@@ -548,6 +677,83 @@ def test_resume_clears_a_give_up_and_the_next_check_starts_the_group(new_world, 
 
 # ---- restart attempts that fail -----------------------------------------------------------------
 
+def test_the_streak_and_its_back_off_survive_a_supervisor_restart_and_a_head_reboot(new_world, capsys):
+    """Mid back-off the supervisor is restarted (systemd: Restart=always), then the head reboots: the
+    next supervisor reads the streak and the next attempt's time from disk and keeps to them."""
+    w = new_world()
+    w.boot()
+    w.cluster.node(WORKER).dies_after = 2
+    w.cluster.kill(WORKER)
+    w.tick()
+    st = w.state()
+    due = S.from_iso(st["next_attempt"])
+    assert st["streak"] == 1 and due == S.from_iso(events(w, "restart-failed")[-1][1]["time"]) + 60
+    assert S.main(["status", "--config", str(w.path)], clock=w.clock) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["streak"] == 1 and shown["backoff"] == 60 and shown["next_attempt_in"] == 30  # one check later
+    assert shown["limits"] == {"max_restarts": 3, "window_max_restarts": 20, "window": 21600, "stable_after": 600,
+                               "backoff_initial": 60, "backoff_max": 900}
+
+    def new_supervisor():
+        w.sup = S.Supervisor(S.load_config(str(w.path)), runner=w.cluster, clock=w.clock, log=w.lines.append)
+        w.sup.announce()
+
+    new_supervisor()  # the process restarted at once
+    assert w.logged("resumed-state") == [
+        f"sglang-supervisor: resumed-state: failing streak 1/3, back-off 60s, next attempt {st['next_attempt']} "
+        f"(from {w.state_dir / 'state.json'})"]
+    w.cluster.clear()
+    w.sup.tick()
+    assert w.actions() == [] and w.state()["streak"] == 1
+    w.cluster.power_off(HEAD)  # 30 s into the back-off the head goes down, and the supervisor with it
+    w.clock.advance(20)
+    w.cluster.power_on(HEAD)
+    new_supervisor()
+    assert w.sup.next_wait() == due - w.clock.wall == 10
+    w.tick()
+    assert w.actions() == [] and w.state()["streak"] == 1  # still backing off: every rank is down, 10 s to go
+    assert "backing off: attempt 2/3 in 10s" in w.state()["last_reason"]
+    w.tick()
+    [(at, attempt)] = events(w, "restart")[-1:]
+    assert at == due and attempt["attempt"] == 2 and w.state()["streak"] == 2
+
+
+def test_status_without_usable_settings_still_shows_the_state(new_world, capsys):
+    w = new_world()
+    w.boot()
+    broken = json.loads(w.path.read_text())
+    broken["backoff_max"] = 1  # below backoff_initial: the daemon would refuse it
+    w.path.write_text(json.dumps(broken))
+    assert S.main(["status", "--config", str(w.path)], clock=w.clock) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["state"] == "healthy" and shown["limits"] is None and shown["next_attempt_in"] is None
+
+
+def test_a_state_dir_on_tmpfs_is_reported_at_start(new_world, tmp_path, monkeypatch):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 8:2 / / rw,relatime shared:1 - ext4 /dev/vda2 rw\n"
+        "25 22 0:21 / /run rw,nosuid shared:5 - tmpfs tmpfs rw,size=1600000k\n"
+        "26 22 0:22 / /var/lib/sglang-supervisor rw shared:6 - tmpfs tmpfs rw\n"
+        "27 22 0:23 / /var/lib/spare\\040disk rw shared:7 - xfs /dev/vdb1 rw\n")
+    assert S.filesystem_type("/var/lib/sglang-supervisor", str(mountinfo)) == "tmpfs"
+    assert S.filesystem_type("/var/lib/sglang-supervisor/state.json", str(mountinfo)) == "tmpfs"
+    assert S.filesystem_type("/var/lib/sglang-supervisor-old", str(mountinfo)) == "ext4"
+    assert S.filesystem_type("/var/lib/spare disk/x", str(mountinfo)) == "xfs"
+    assert S.filesystem_type("/run/x", str(mountinfo)) == "tmpfs"
+    assert S.filesystem_type("/x", str(tmp_path / "absent")) == ""
+    w = new_world()
+    monkeypatch.setattr(S, "filesystem_type", lambda path: "tmpfs")
+    w.sup.announce()
+    assert w.logged("warning") == [
+        f"sglang-supervisor: warning: state_dir {w.state_dir} is on tmpfs: the failing streak, the back-off and a "
+        "give-up would not survive a reboot of the head; keep it on disk (/var/lib)"]
+    monkeypatch.setattr(S, "filesystem_type", lambda path: "ext4")
+    w.lines.clear()
+    w.sup.announce()
+    assert not w.logged("warning") and w.logged("start")
+
+
 def test_a_gpu_not_released_in_time_fails_the_attempt_and_counts(new_world):
     w = new_world()
     w.boot()
@@ -556,12 +762,12 @@ def test_a_gpu_not_released_in_time_fails_the_attempt_and_counts(new_world):
     w.tick()
     assert (WORKER, "start") not in w.actions() and (HEAD, "start") not in w.actions()
     st = w.state()
-    assert st["state"] == "stopped" and len(st["restarts"]) == 1
+    assert st["state"] == "stopped" and len(st["restarts"]) == 1 and st["streak"] == 1
     assert "GPU not released within 180s: spark-1 still holds processes 5001" in st["last_reason"]
-    assert len(w.logged("restart-failed")) == 1
+    assert len(w.logged("restart-failed")) == 1 and len(w.logged("backing-off")) == 1
     assert all(n.active != "active" for n in w.cluster.nodes)
-    # Each later check is a new attempt until the window's budget is spent: then it gives up.
-    w.tick(3)
+    # Each later attempt waits its back-off; the third failure completes the streak: it gives up.
+    w.tick(12)
     assert len(w.logged("restart-failed")) == 3 and len(w.logged("GAVE UP")) == 1
     assert w.state()["state"] == "gave-up" and len(w.state()["restarts"]) == 3
 
@@ -694,6 +900,184 @@ def test_history_keeps_the_last_50_events(new_world):
     assert len(st["history"]) == 50 and st["history"][-1]["failures"] == 60
 
 
+# ---- a month in compressed time -----------------------------------------------------------------
+
+DAY = 86_400
+# Every kind of incident on either node or both; each comes three times in the month.
+INCIDENTS = [("kill", (HEAD,)), ("kill", (WORKER,)), ("freeze", (HEAD,)), ("freeze", (WORKER,)), ("hang", (HEAD,)),
+             ("power", (HEAD,)), ("power", (WORKER,)), ("power", (HEAD, WORKER))]
+HUNG = ["probe-failed"] * 3 + ["restart", "restarted", "stable"]
+# What the supervisor logs, decision by decision, from a fault to stable service again. A power
+# cycle of the head takes the supervisor down with it: a new one starts from the state on disk.
+DECISIONS = {
+    ("kill", (HEAD,)): ["restart", "restarted", "stable"],
+    ("kill", (WORKER,)): ["restart", "restarted", "stable"],
+    ("freeze", (HEAD,)): HUNG,
+    ("freeze", (WORKER,)): HUNG,
+    ("hang", (HEAD,)): HUNG,
+    ("power", (HEAD,)): ["start", "restart", "restarted", "stable"],
+    ("power", (WORKER,)): ["waiting-for-node", "node-back", "restart", "restarted", "stable"],
+    ("power", (HEAD, WORKER)): ["start", "restart", "restarted", "stable"],
+}
+
+
+class Month:
+    """The pair and its supervisor, run as the daemon loop runs it (a check, then next_wait) on the
+    fake clock. Between incidents, once the group is stable, the checks come hourly instead of every
+    interval: a healthy check decides nothing more by then (stability is counted in wall time), and
+    a month of 30 s checks would take minutes."""
+
+    def __init__(self, state_root: Path, seed: int, **overrides):
+        self.rng = random.Random(seed)  # noqa: S311 - a reproducible schedule, not a secret
+        self.clock = FakeClock()
+        self.cluster = FakeCluster(self.clock)
+        self.lines: list[tuple[float, str]] = []
+        self.path = settings(state_root, **overrides)
+        self.sup = None
+        self.restarts_seen = 0
+
+    def start_supervisor(self) -> None:
+        """A supervisor process starts (the unit at boot, or systemd after a crash): settings and state from disk."""
+        self.sup = S.Supervisor(S.load_config(str(self.path)), runner=self.cluster, clock=self.clock,
+                                log=lambda line: self.lines.append((self.clock.wall, line)))
+        self.sup.announce()
+
+    def step(self) -> None:
+        self.sup.tick()
+        self.clock.advance(self.sup.next_wait())
+
+    def state(self) -> dict:
+        return json.loads((Path(self.sup.cfg.state_dir) / "state.json").read_text())
+
+    def decisions(self, since: int) -> list[str]:
+        return [line.split(": ", 2)[1] for _t, line in self.lines[since:]]
+
+    def logged_at(self, since: int, event: str) -> list[float]:
+        return [t for t, line in self.lines[since:] if line.startswith(f"sglang-supervisor: {event}:")]
+
+    def healthy_for(self, seconds: int) -> None:
+        """The group serves and nothing is done: every check is a healthy one and acts on no rank."""
+        end = self.clock.wall + seconds
+        while self.clock.wall < end:
+            self.cluster.clear()
+            self.sup.tick()
+            assert [c[1] for _t, _n, c in self.cluster.commands] == ["show", "show"], self.cluster.commands
+            st = self.state()
+            assert st["state"] == "healthy" and st["streak"] == 0 and self.cluster.answers_generations()
+            self.clock.advance(min(3600, end - self.clock.wall))
+
+    def power_cycle(self, nodes: tuple[str, ...], off: int) -> None:
+        for name in nodes:
+            self.cluster.power_off(name)
+        if HEAD in nodes:
+            self.sup = None  # the supervisor runs on the head: it goes down with it, mid-wait
+            self.clock.advance(off)
+            for name in nodes:
+                self.cluster.power_on(name)
+            self.start_supervisor()
+        else:
+            self.clock.after(off, lambda: [self.cluster.power_on(name) for name in nodes])
+
+    def incident(self, kind: str, nodes: tuple[str, ...]) -> int:
+        mark = len(self.lines)
+        if kind == "kill":
+            self.cluster.kill(nodes[0])
+        elif kind == "freeze":
+            self.cluster.node(nodes[0]).frozen = True  # SIGSTOP: the unit stays active/running
+        elif kind == "hang":
+            self.cluster.hang_until_restart = True  # /v1/models answers, generation never does
+        else:
+            self.power_cycle(nodes, self.rng.randint(30, 500))
+        for _ in range(200):
+            if self.logged_at(mark, "stable"):
+                break
+            self.step()
+        return mark
+
+
+def test_a_month_of_incidents_then_a_crash_loop(tmp_path, monkeypatch):
+    """30 days, compressed: 24 random incidents (kills, freezes, hangs, power cycles of either node or
+    both), spaced by 20 to 40 hours of healthy service, each healed by one group restart made at once
+    (attempt 1: the streak had ended) and followed by stable service; then a rank that dies 2 s into
+    every start, given up on after exactly max_restarts (6) attempts, the back-off doubling from 60 s
+    to its 300 s cap between them, a reboot of the head in the middle changing nothing. No rank of a
+    serving group is ever stopped. Runs in seconds."""
+    # The state directory in memory where there is one (speed); the supervisor would warn on tmpfs.
+    root = Path(tempfile.mkdtemp(dir="/dev/shm")) if Path("/dev/shm").is_dir() else tmp_path
+    monkeypatch.setattr(S, "filesystem_type", lambda path: "ext4")
+    try:
+        month = Month(root, seed=20260901, max_restarts=6, backoff_initial=60, backoff_max=300)
+        run_a_month(month)
+    finally:
+        if root != tmp_path:
+            for path in sorted(root.rglob("*"), reverse=True):
+                path.rmdir() if path.is_dir() else path.unlink()
+            root.rmdir()
+
+
+def run_a_month(m: Month) -> None:
+    m.start_supervisor()
+    assert m.decisions(0) == ["start"]
+    m.step()  # the pair is off: the first check starts it (a boot is a start like any other)
+    for _ in range(25):
+        m.step()
+    assert m.decisions(1) == ["restart", "restarted", "stable"]
+    t0 = m.clock.wall
+    schedule = INCIDENTS * 3
+    m.rng.shuffle(schedule)
+    for number, (kind, nodes) in enumerate(schedule, 1):
+        m.healthy_for(m.rng.randint(20 * 3600, 40 * 3600))
+        mark = m.incident(kind, nodes)
+        what = f"incident {number} ({kind} {'+'.join(nodes)})"
+        assert m.decisions(mark) == DECISIONS[(kind, nodes)], what
+        [restart] = [line for _t, line in m.lines[mark:] if line.startswith("sglang-supervisor: restart:")]
+        assert restart.startswith("sglang-supervisor: restart: attempt 1/6 in a row"), what
+        st = m.state()
+        assert st["state"] == "healthy" and st["streak"] == 0 and st["backoff"] == 0 and st["next_attempt"] == ""
+        assert m.cluster.answers_generations(), what
+    assert m.clock.wall - t0 >= 28 * DAY
+    assert len(m.state()["restarts"]) < 20  # spaced hours apart: never near the window's ceiling
+
+    # The crash loop: every start of the worker's rank dies 2 s in.
+    m.healthy_for(6 * 3600)
+    m.cluster.node(WORKER).dies_after = 2
+    mark = len(m.lines)
+    m.cluster.kill(WORKER)
+    rebooted = False
+    for _ in range(200):
+        st = m.state()
+        if st["state"] == "gave-up":
+            break
+        if not rebooted and len(m.logged_at(mark, "backing-off")) == 2:
+            assert S.from_iso(st["next_attempt"]) - m.clock.wall > 45
+            m.power_cycle((HEAD,), 45)  # the head reboots mid back-off (and with it the supervisor)
+            rebooted = True
+        m.step()
+    expected = []
+    for attempt in range(1, 7):
+        expected += ["restart", "restart-failed", "backing-off" if attempt < 6 else "GAVE UP"]
+        if attempt == 2:
+            expected += ["start", "resumed-state"]
+    assert m.decisions(mark) == expected
+    starts = m.logged_at(mark, "restart")
+    failures = m.logged_at(mark, "restart-failed")
+    assert [starts[i + 1] - failures[i] for i in range(5)] == [60, 120, 240, 300, 300]
+    assert [line.split(": ", 2)[2].split(" (")[0] for t, line in m.lines[mark:] if t in starts
+            and "restart:" in line] == [f"attempt {n}/6 in a row" for n in range(1, 7)]
+    [gave_up] = [line for _t, line in m.lines[mark:] if "GAVE UP" in line]
+    assert "6 group restart(s) in a row did not reach stable service (limit 6): a crash loop" in gave_up
+    st = m.state()
+    assert st["state"] == "gave-up" and st["streak"] == 6
+    assert all(n.active != "active" for n in m.cluster.nodes)
+    # Given up: a whole day passes with nothing done.
+    m.cluster.clear()
+    for _ in range(48):
+        m.sup.tick()
+        m.clock.advance(1800)
+    assert m.cluster.commands == [] and len([1 for _t, line in m.lines if "GAVE UP" in line]) == 1
+    assert m.cluster.stops_while_serving == []
+
+
 # ---- the API key --------------------------------------------------------------------------------
 
 def test_the_api_key_travels_only_in_the_authorization_header(new_world):
@@ -732,6 +1116,11 @@ def test_without_a_key_no_authorization_header_is_sent(new_world):
     ({"interval": 0}, "interval must be a number >= 1"),
     ({"endpoint": "127.0.0.1:30000"}, "endpoint must be an http:// or https:// URL"),
     ({"model": ""}, "model must be a non-empty string"),
+    ({"max_restarts": 2.5}, "max_restarts must be a whole number >= 0, not 2.5"),
+    ({"stable_after": 0}, "stable_after must be a number >= 1"),
+    ({"backoff_initial": True}, "backoff_initial must be a number >= 1"),
+    ({"backoff_initial": 120, "backoff_max": 60}, r"backoff_max \(60\) is below backoff_initial \(120\)"),
+    ({"max_restarts": 5, "window_max_restarts": 4}, r"window_max_restarts \(4\) is below max_restarts \(5\)"),
 ])
 def test_bad_settings_are_refused(tmp_path, change, message):
     with pytest.raises(S.ConfigError, match=message):

@@ -10,9 +10,12 @@ frozen rank stalls every generation while /health stays green. This program runs
     sglang_supervisor.py pause  --config ... [--reason TEXT]           # watch only, never act
     sglang_supervisor.py resume --config ...                           # clears pause and give-up, resets counts
 
-status prints state.json plus "paused" (the marker, or null) and "gave_up" ({reason, time}, or
-null). pause and resume print one JSON object with "changed" (false when already paused, or
-nothing to clear or reset) and "state"; pause adds "paused" (the marker), resume "cleared".
+status prints state.json plus "paused" (the marker, or null), "gave_up" ({reason, time}, or
+null), "next_attempt_in" (seconds until a pending attempt, 0 when it is due, null when none is
+pending) and "limits" (max_restarts, window_max_restarts, window, stable_after, backoff_initial,
+backoff_max; null when the settings do not load). pause and resume print one JSON object with
+"changed" (false when already paused, or nothing to clear or reset) and "state"; pause adds
+"paused" (the marker), resume "cleared".
 Exit status: 0, 2 for unusable settings, 1 for a file that cannot be written.
 
 Every `interval` seconds it reads every rank's unit (the head's locally, the workers' over
@@ -23,13 +26,25 @@ start limits; start the workers, then the head; wait until /v1/models lists the 
   - at once when a rank is down while another runs (a rank alone cannot serve);
   - when every rank is down (boot: the rank units are not enabled when this runs; or both died).
 A node that does not answer stops the group (no half group holding memory) and is waited for,
-however long; the group restarts when every node answers again. At most `max_restarts` group
-restarts (attempts) per `window` seconds; when one more would be needed it gives up: every rank
-stopped, gave-up.json written, one log line "sglang-supervisor: GAVE UP ...", `alert_command`
-run with the JSON summary on stdin; then nothing until `resume`.
+however long; the group restarts when every node answers again.
 
-Files in state_dir (all written atomically, 0600):
-  state.json    {"state", "since", "restarts", "failures", "last_reason", "waiting_for", "history", ...}
+Bounded by failures, not by incidents: a group restart followed by `stable_after` seconds of
+healthy generations is a recovery and no longer counts. `streak` counts the restarts since the
+group last served that long (the current one included until it does); the first restart of a
+streak is made at once, each further one waits a back-off from the moment the failure is seen
+(`backoff_initial`, doubling, at most `backoff_max`), with every rank stopped meanwhile. It gives
+up when a restart would be needed with `max_restarts` restarts in a row behind it that did not
+reach stable service (a crash loop: the group dies soon after each start, or never serves), and,
+against a slow loop whose every restart serves for a while, when `window_max_restarts` group
+restarts (of any cause, a boot's start included) already lie within `window` seconds. Giving up:
+every rank stopped, gave-up.json written, one log line "sglang-supervisor: GAVE UP ...",
+`alert_command` run with the JSON summary on stdin; then nothing until `resume`. The streak, the
+back-off and the next attempt's time live in state.json on disk, so neither a restart of the
+supervisor nor a reboot of the head resets them (a crash loop stays one).
+
+Files in state_dir (all written atomically, 0600; on disk: a state_dir on tmpfs is reported at start):
+  state.json    {"state", "since", "restarts" (within the window), "streak", "backoff", "next_attempt",
+                 "healthy_since", "failures", "last_reason", "waiting_for", "history", ...}
   paused        marker: {"reason", "time"}
   gave-up.json  {"reason", "time", "restarts", "journal": {node: [last 30 lines]}, ...}
 
@@ -45,6 +60,7 @@ import datetime
 import fcntl
 import http.client
 import json
+import math
 import os
 import shlex
 import signal
@@ -90,6 +106,10 @@ DEFAULTS = {
     "probe_timeout": 20,
     "max_restarts": 3,
     "window": 21600,
+    "window_max_restarts": 20,
+    "stable_after": 600,
+    "backoff_initial": 60,
+    "backoff_max": 900,
     "readiness_timeout": 3600,
     "gpu_release_timeout": 180,
     "node_wait_report": 600,
@@ -98,7 +118,11 @@ DEFAULTS = {
 }
 SSH_DEFAULTS = {"user": "root", "key": None, "known_hosts": None, "connect_timeout": 5}
 POSITIVE = ("interval", "failures", "probe_timeout", "window", "readiness_timeout", "gpu_release_timeout",
-            "node_wait_report")
+            "node_wait_report", "stable_after", "backoff_initial", "backoff_max")
+# What status shows beside the state: the rule's figures as the daemon reads them.
+LIMITS = ("max_restarts", "window_max_restarts", "window", "stable_after", "backoff_initial", "backoff_max")
+# Filesystems whose content a reboot loses: the state must not live there.
+VOLATILE_FS = ("tmpfs", "ramfs")
 
 
 class ConfigError(Exception):
@@ -149,6 +173,10 @@ class Config:
     node_wait_report: float
     alert_command: str
     state_dir: str
+    window_max_restarts: int = 20
+    stable_after: float = 600
+    backoff_initial: float = 60
+    backoff_max: float = 900
     unknown_keys: tuple[str, ...] = ()
 
     @property
@@ -184,6 +212,13 @@ def _number(raw: dict, key: str, minimum: float) -> float:
     return value
 
 
+def _count(raw: dict, key: str, minimum: int) -> int:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key} must be a whole number >= {minimum}, not {value!r}")
+    return value
+
+
 def load_config(path: str) -> Config:
     raw = _read_json(path)
     merged = {**DEFAULTS, **raw}
@@ -204,7 +239,15 @@ def load_config(path: str) -> Config:
         raise ConfigError(f"{path}: the head ({nodes[0].name}, rank 0) must be the local node: the supervisor runs on it")
     for key in POSITIVE:
         _number(merged, key, 1)
-    _number(merged, "max_restarts", 0)
+    _count(merged, "max_restarts", 0)
+    _count(merged, "window_max_restarts", 0)
+    if merged["backoff_max"] < merged["backoff_initial"]:
+        raise ConfigError(f"{path}: backoff_max ({merged['backoff_max']!r}) is below backoff_initial "
+                          f"({merged['backoff_initial']!r}): the back-off starts at the one and is capped at the other")
+    if merged["window_max_restarts"] < merged["max_restarts"]:
+        raise ConfigError(f"{path}: window_max_restarts ({merged['window_max_restarts']!r}) is below max_restarts "
+                          f"({merged['max_restarts']!r}): the ceiling against a slow loop would end a crash loop's "
+                          "streak before it is complete")
     _number(ssh, "connect_timeout", 1)
     for key in ("unit", "endpoint", "model"):
         if not isinstance(merged[key], str) or not merged[key]:
@@ -223,7 +266,9 @@ def load_config(path: str) -> Config:
         max_restarts=int(merged["max_restarts"]), window=merged["window"],
         readiness_timeout=merged["readiness_timeout"], gpu_release_timeout=merged["gpu_release_timeout"],
         node_wait_report=merged["node_wait_report"], alert_command=merged["alert_command"] or "",
-        state_dir=merged["state_dir"],
+        state_dir=merged["state_dir"], window_max_restarts=merged["window_max_restarts"],
+        stable_after=merged["stable_after"], backoff_initial=merged["backoff_initial"],
+        backoff_max=merged["backoff_max"],
         unknown_keys=tuple(sorted(set(raw) - set(DEFAULTS) - {"nodes", "ssh"})),
     )
 
@@ -325,8 +370,37 @@ def write_json_atomic(path: str, obj) -> None:
 
 
 def fresh_state(now: float) -> dict:
+    # "" rather than null for an absent time: Store.load keeps a value only when it has the default's type.
     return {"state": "stopped", "since": iso(now), "restarts": [], "failures": 0,
+            "streak": 0, "backoff": 0, "next_attempt": "", "healthy_since": "",
             "last_reason": "no check has run yet", "waiting_for": [], "history": []}
+
+
+def backoff_for(cfg: Config, streak: int) -> float:
+    """The wait before the next attempt once `streak` restarts in a row have not reached stable
+    service: none for the first restart of a streak, then backoff_initial doubling, capped."""
+    if streak <= 0:
+        return 0
+    return min(cfg.backoff_initial * 2 ** min(streak - 1, 62), cfg.backoff_max)
+
+
+def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The type of the filesystem holding path (the longest mount point that contains it), "" when unknown."""
+    path = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        return ""
+    return kind
 
 
 class Store:
@@ -615,18 +689,34 @@ class Supervisor:
 
     # -- the loop --
 
-    def run(self) -> int:
+    def announce(self) -> None:
+        """What a (re)started supervisor says first: its rule, and the streak it resumes from disk."""
         self.store.ensure()
         nodes = ", ".join(f"{n.name}{' (local)' if n.local else ''}" for n in self.cfg.nodes)
-        self.log(f"{PREFIX} start: watching {self.cfg.unit} on {nodes} every {self.cfg.interval:g}s "
-                 f"(restart after {self.cfg.failures} failed generations; at most {self.cfg.max_restarts} "
-                 f"group restarts per {self.cfg.window:g}s)")
+        cfg = self.cfg
+        self.log(f"{PREFIX} start: watching {cfg.unit} on {nodes} every {cfg.interval:g}s "
+                 f"(restart after {cfg.failures} failed generations; give up after {cfg.max_restarts} group "
+                 f"restarts in a row that do not serve {cfg.stable_after:g}s, backing off {cfg.backoff_initial:g}s "
+                 f"doubling to {cfg.backoff_max:g}s between them, or at {cfg.window_max_restarts} group restarts "
+                 f"within {cfg.window:g}s)")
         if self.cfg.unknown_keys:
             self.log(f"{PREFIX} config: ignoring unknown settings {list(self.cfg.unknown_keys)}")
+        kind = filesystem_type(self.cfg.state_dir)
+        if kind in VOLATILE_FS:
+            self.log(f"{PREFIX} warning: state_dir {self.cfg.state_dir} is on {kind}: the failing streak, the "
+                     "back-off and a give-up would not survive a reboot of the head; keep it on disk (/var/lib)")
+        resumed = self.store.load()
+        if resumed["streak"] or resumed["next_attempt"]:
+            self.log(f"{PREFIX} resumed-state: failing streak {resumed['streak']}/{cfg.max_restarts}, back-off "
+                     f"{resumed['backoff']:g}s, next attempt {resumed['next_attempt'] or 'at once when needed'} "
+                     f"(from {self.store.state_path})")
+
+    def run(self) -> int:
+        self.announce()
         while not self.stopping:
             try:
                 self.tick()
-                self.idle(self.cfg.interval)
+                self.idle(self.next_wait())
             except Terminated:
                 break
             except Exception as err:  # noqa: BLE001 - a bug in one check must not end the watch
@@ -637,6 +727,14 @@ class Supervisor:
                     break
         self.log(f"{PREFIX} exit: stopped by SIGTERM; the ranks are left as they are")
         return 0
+
+    def next_wait(self) -> float:
+        """The interval, or less when a backed-off attempt falls due before the next check."""
+        due = from_iso(self.store.load().get("next_attempt") or "")
+        now = self.clock.time()
+        if due is not None and now < due:
+            return min(self.cfg.interval, due - now)
+        return self.cfg.interval
 
     def idle(self, seconds: float) -> None:
         """Wait for the next check; a pause or resume (a marker that changes) ends the wait early."""
@@ -709,17 +807,17 @@ class Supervisor:
             with self.store.update() as st:
                 add_event(st, self.clock.time(), "node-back", reason)
             self.log(f"{PREFIX} node-back: {reason}; restarting the group")
-            self.incident(reason)
+            self.incident(reason, ranks)
             return
         alive = [n for n in names if ranks[n].alive]
         down = [n for n in names if not ranks[n].alive]
         if not alive:
             states = ", ".join(f"{n} {ranks[n].describe()}" for n in names)
-            self.incident(f"every rank is down ({states}): boot, or the whole group died")
+            self.incident(f"every rank is down ({states}): boot, or the whole group died", ranks)
             return
         if down:
             states = ", ".join(f"{n} {ranks[n].describe()}" for n in down)
-            self.incident(f"rank down while {', '.join(alive)} runs alone: {states}")
+            self.incident(f"rank down while {', '.join(alive)} runs alone: {states}", ranks)
             return
         served_model = previous.get("served_model") or ""
         if not served_model:
@@ -733,20 +831,25 @@ class Supervisor:
                 st["served_model"] = served_model
                 st["served_enter"] = head.enter
                 st.pop("starting", None)
+                st["next_attempt"] = ""  # serving (an operator's restart meanwhile): no attempt is pending
                 if st["state"] != "healthy":
                     self.note(st, "healthy", f"serving: {probe.detail}", event="healthy")
                 else:
                     st["last_reason"] = f"serving: {probe.detail}"
+                self.count_stable(st)
             return
         starting = self.still_starting(head, previous)
         if starting:
             with self.store.update() as st:
                 first = not st.get("starting")
                 st["starting"] = True
+                # Stable service is healthy generations without a break: anything else starts it over.
+                st["healthy_since"] = ""
                 self.note(st, "probing-failed", f"{starting}; {probe.detail}", event="starting" if first else None)
             return
         with self.store.update() as st:
             st.pop("starting", None)
+            st["healthy_since"] = ""
             if probe.status in (400, 404):
                 st.pop("served_model", None)  # a refused model name: ask /v1/models again next time
             st["failures"] = failures = int(st.get("failures", 0)) + 1
@@ -757,7 +860,7 @@ class Supervisor:
             add_event(st, self.clock.time(), "probe-failed", reason, failures=failures)
         self.log(f"{PREFIX} probe-failed: {self.redact(reason)}")
         self.incident(f"{failures} generations failed in a row while every rank is active (hung or frozen rank): "
-                      f"{probe.detail}")
+                      f"{probe.detail}", ranks)
 
     def still_starting(self, head: Rank, st: dict) -> str | None:
         """A group that has not served since its head started, within readiness_timeout, is loading,
@@ -814,31 +917,105 @@ class Supervisor:
                     self.log(f"{PREFIX} still-waiting: {', '.join(unreachable)} unreachable for {now - since:.0f}s")
                     st["waiting_reported"] = iso(now)
             st["waiting_for"] = unreachable
+            st["healthy_since"] = ""
             st["waited_seconds"] = int(now - (from_iso(st["waiting_since"]) or now))
             st["failures"] = 0
 
     # -- restarts --
 
-    def incident(self, reason: str) -> None:
-        """One group restart for this incident, or the give-up when the window's budget is spent."""
+    def incident(self, reason: str, ranks: dict[str, Rank] | None = None) -> None:
+        """The group needs a restart: make it now, hold it off (back-off), or give up.
+
+        Gives up when max_restarts restarts in a row have not reached stable service (a crash
+        loop) or window_max_restarts restarts of any cause lie within the window (a slow loop).
+        Otherwise the first restart of a streak is made at once; a further one waits its back-off,
+        counted from the moment this failure is seen, with every rank stopped meanwhile."""
         now = self.clock.time()
+        cfg = self.cfg
         with self.store.update() as st:
-            st["restarts"] = [t for t in st["restarts"] if (from_iso(t) or 0) > now - self.cfg.window]
-            spent = len(st["restarts"]) >= self.cfg.max_restarts
-        if spent:
-            self.give_up(f"{reason}; {len(st['restarts'])} group restarts within {self.cfg.window:g}s already "
-                         f"(limit {self.cfg.max_restarts})")
+            st["restarts"] = [t for t in st["restarts"] if (from_iso(t) or 0) > now - cfg.window]
+            st["healthy_since"] = ""
+            streak, in_window = st["streak"], len(st["restarts"])
+            verdict, why = "restart", ""
+            if streak >= cfg.max_restarts:
+                verdict = "give-up"
+                why = (f"{reason}; {streak} group restart(s) in a row did not reach stable service ({cfg.stable_after:g}s "
+                       f"of healthy generations) (limit {cfg.max_restarts}): a crash loop")
+            elif in_window >= cfg.window_max_restarts:
+                verdict = "give-up"
+                why = (f"{reason}; {in_window} group restarts within {cfg.window:g}s already (ceiling "
+                       f"{cfg.window_max_restarts}): a slow loop, each restart serving for a while")
+            elif streak > 0:
+                due = from_iso(st["next_attempt"])
+                if due is None:
+                    due = self.back_off(st, now, reason)
+                if now < due:
+                    verdict = "hold"
+                    st["last_reason"] = self.redact(one_line(
+                        f"backing off: attempt {streak + 1}/{cfg.max_restarts} in {due - now:.0f}s "
+                        f"(at {st['next_attempt']}): {reason}"))
+        if verdict == "give-up":
+            self.give_up(why)
+        elif verdict == "hold":
+            self.stop_running(ranks or {}, "while backing off")
         else:
             self.restart(reason)
 
+    def back_off(self, st: dict, now: float, reason: str) -> float:
+        """Schedule the streak's next attempt (st["streak"] restarts in a row have not reached stable
+        service); returns its time. Whole seconds, so that the time written is the time kept."""
+        wait = backoff_for(self.cfg, st["streak"])
+        due = float(math.ceil(now + wait))
+        st["backoff"] = wait
+        st["next_attempt"] = iso(due)
+        self.note(st, "stopped", f"failing streak {st['streak']}/{self.cfg.max_restarts}: attempt {st['streak'] + 1} "
+                  f"waits a back-off of {wait:g}s, until {iso(due)}: {reason}", event="backing-off",
+                  streak=st["streak"], backoff=wait, next_attempt=iso(due))
+        return due
+
+    def stop_running(self, ranks: dict[str, Rank], why: str) -> None:
+        """No half group holds memory while nothing serves: stop every rank that still runs, the head first."""
+        stopped = []
+        for node in self.cfg.nodes:
+            rank = ranks.get(node.name)
+            if rank is None or rank.unreachable or rank.active_state in ("inactive", "failed"):
+                continue
+            self.guard()
+            res = self.node_cmd(node, ["systemctl", "stop", self.cfg.unit], ACTION_TIMEOUT)
+            stopped.append(node.name if res.rc == 0 else f"{node.name} (stop failed: {res.brief()})")
+        if stopped:
+            with self.store.update() as st:
+                add_event(st, self.clock.time(), "stopped", f"stopped {', '.join(stopped)} {why}")
+            self.log(f"{PREFIX} stopped: {', '.join(stopped)} {why}")
+
+    def count_stable(self, st: dict) -> None:
+        """A healthy check: once the group has served stable_after seconds without a break, the
+        restarts behind it were a recovery and the failing streak is over."""
+        now = self.clock.time()
+        if not st["healthy_since"]:
+            st["healthy_since"] = iso(now)
+        served = now - (from_iso(st["healthy_since"]) or now)
+        if st["streak"] and served >= self.cfg.stable_after:
+            was = st["streak"]
+            st["streak"], st["backoff"], st["next_attempt"] = 0, 0, ""
+            reason = (f"serving for {served:.0f}s since {st['healthy_since']}: the restart recovered, the failing "
+                      f"streak ({was}) is reset")
+            add_event(st, now, "stable", reason, streak=was)
+            self.log(f"{PREFIX} stable: {reason}")
+
     def restart(self, reason: str) -> None:
         now = self.clock.time()
+        cfg = self.cfg
         with self.store.update() as st:
             st["restarts"] = [*st["restarts"], iso(now)]
             st["failures"] = 0
             st.pop("starting", None)
-            attempt = len(st["restarts"])
-            self.note(st, "restarting", f"attempt {attempt}/{self.cfg.max_restarts} in the window: {reason}",
+            # Counted as failing until it has served stable_after seconds (count_stable).
+            st["streak"] = attempt = st["streak"] + 1
+            st["backoff"] = backoff_for(cfg, attempt)
+            st["next_attempt"] = st["healthy_since"] = ""
+            self.note(st, "restarting", f"attempt {attempt}/{cfg.max_restarts} in a row ({len(st['restarts'])}/"
+                      f"{cfg.window_max_restarts} within {cfg.window:g}s): {reason}",
                       event="restart", attempt=attempt)
         try:
             try:
@@ -852,6 +1029,12 @@ class Supervisor:
                     ranks = ", ".join(f"{name} {what}" for name, what in stopped.items())
                     self.note(st, "stopped", f"restart failed: {failure}; ranks: {ranks}", event="restart-failed",
                               quiet=True, attempt=attempt)
+                    complete = st["streak"] >= cfg.max_restarts
+                    if not complete:
+                        self.back_off(st, self.clock.time(), f"attempt {attempt} failed: {failure}")
+                if complete:
+                    self.give_up(f"restart attempt {attempt} failed: {failure}; {attempt} group restart(s) in a row "
+                                 f"did not reach stable service (limit {cfg.max_restarts}): a crash loop")
                 return
         except Paused:
             self.record_paused("restart-abandoned", "; a group restart was abandoned, the ranks are left as they are")
@@ -863,6 +1046,7 @@ class Supervisor:
             st["served_model"] = self._served_model
             if probe.ok:
                 st["served_enter"] = self._head_enter
+                st["healthy_since"] = iso(self.clock.time())
                 self.note(st, "healthy", f"serving after a group restart: {probe.detail}")
             else:
                 st["failures"] = 1
@@ -959,6 +1143,8 @@ class Supervisor:
         now = self.clock.time()
         with self.store.update() as st:
             restarts = list(st["restarts"])
+            streak = st["streak"]
+            st["next_attempt"] = ""
         summary = {
             "event": "gave-up",
             "reason": self.redact(reason),
@@ -967,7 +1153,10 @@ class Supervisor:
             "unit": self.cfg.unit,
             "nodes": [n.name for n in self.cfg.nodes],
             "restarts": restarts,
+            "streak": streak,
             "max_restarts": self.cfg.max_restarts,
+            "stable_after": self.cfg.stable_after,
+            "window_max_restarts": self.cfg.window_max_restarts,
             "window": self.cfg.window,
             "stopped": stopped,
             "journal": {n.name: self.journal(n) for n in self.cfg.nodes},
@@ -996,12 +1185,16 @@ class Supervisor:
 
 # ---- CLI --------------------------------------------------------------------------------------
 
-def cmd_status(state_dir: str, clock) -> int:
+def cmd_status(state_dir: str, clock, cfg: Config | None = None) -> int:
     store = Store(state_dir, clock)
     st = store.load()
     st["paused"] = store.paused()
     gave_up = store.gave_up()
     st["gave_up"] = None if gave_up is None else {"reason": gave_up.get("reason"), "time": gave_up.get("time")}
+    # On the head's own clock, the one the daemon decides by.
+    due = from_iso(st.get("next_attempt") or "")
+    st["next_attempt_in"] = None if due is None or gave_up is not None else max(0, math.ceil(due - clock.time()))
+    st["limits"] = None if cfg is None else {key: getattr(cfg, key) for key in LIMITS}
     print(json.dumps(st, indent=2))
     return 0
 
@@ -1045,10 +1238,12 @@ def cmd_resume(state_dir: str, clock) -> int:
         if cleared:
             st["failures"] = 0
             st["restarts"] = []
+            st["streak"], st["backoff"], st["next_attempt"], st["healthy_since"] = 0, 0, "", ""
             st.pop("starting", None)
         changed = bool(cleared)
         if changed:
-            reason = f"resumed by the operator (cleared: {', '.join(cleared) or 'nothing'}); failures and restarts reset"
+            reason = (f"resumed by the operator (cleared: {', '.join(cleared) or 'nothing'}); failures, restarts, "
+                      "the failing streak and the back-off reset")
             if st["state"] == "gave-up":
                 st["state"], st["since"] = "stopped", iso(now)
                 reason += "; the ranks were left stopped, the next check starts the group"
@@ -1084,7 +1279,11 @@ def main(argv: list[str] | None = None, runner=None, clock=None) -> int:
             return sup.run()
         state_dir = state_dir_of(args.config)
         if args.command == "status":
-            return cmd_status(state_dir, clock)
+            try:
+                cfg = load_config(args.config)
+            except ConfigError:
+                cfg = None  # the state still shows; only the limits do not
+            return cmd_status(state_dir, clock, cfg)
         if args.command == "pause":
             return cmd_pause(state_dir, clock, args.reason)
         return cmd_resume(state_dir, clock)
