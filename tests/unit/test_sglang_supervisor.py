@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "sglang_supervisor" / "files" / "sglang_supervisor.py"
@@ -1125,6 +1126,54 @@ def test_without_a_key_no_authorization_header_is_sent(new_world):
 def test_bad_settings_are_refused(tmp_path, change, message):
     with pytest.raises(S.ConfigError, match=message):
         S.load_config(str(settings(tmp_path, **change)))
+
+
+def load_filter():
+    path = REPO / "roles" / "sglang_supervisor" / "filter_plugins" / "sglang_supervisor.py"
+    spec = importlib.util.spec_from_file_location("sglang_supervisor_filter_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PLAN = load_filter().sglang_supervisor_plan
+ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "sglang_supervisor" / "defaults" / "main.yml").read_text())
+
+
+def test_the_role_defaults_pass_the_plan_and_match_the_program():
+    assert PLAN(ROLE_DEFAULTS) == {"errors": []}
+    for key in ("interval", "failures", "probe_timeout", "max_restarts", "window", "window_max_restarts", "stable_after",
+                "backoff_initial", "backoff_max", "gpu_release_timeout", "node_wait_report", "readiness_timeout"):
+        assert ROLE_DEFAULTS[f"sglang_supervisor_{key}"] == S.DEFAULTS[key], key
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"sglang_supervisor_stable_after": 0},
+     "sglang_supervisor_stable_after = 0: must be a whole number >= 1 (seconds of healthy generations after which a "
+     "restart no longer counts). Fix: e.g. sglang_supervisor_stable_after: 600."),
+    ({"sglang_supervisor_backoff_initial": "1m"}, "sglang_supervisor_backoff_initial = '1m': must be a whole number >= 1"),
+    ({"sglang_supervisor_max_restarts": -1}, "sglang_supervisor_max_restarts = -1: must be a whole number >= 0"),
+    ({"sglang_supervisor_window_max_restarts": True}, "sglang_supervisor_window_max_restarts = true: must be a whole"),
+    ({"sglang_supervisor_interval": 2.5}, "sglang_supervisor_interval = 2.5: must be a whole number >= 1"),
+    ({"sglang_supervisor_backoff_initial": 120, "sglang_supervisor_backoff_max": 60},
+     "sglang_supervisor_backoff_max = 60: below sglang_supervisor_backoff_initial (120); the back-off starts at the one "
+     "and doubles up to the other. Fix: set sglang_supervisor_backoff_max >= 120, or lower "
+     "sglang_supervisor_backoff_initial."),
+    ({"sglang_supervisor_max_restarts": 5, "sglang_supervisor_window_max_restarts": "4"},
+     "sglang_supervisor_window_max_restarts = 4: below sglang_supervisor_max_restarts (5)"),
+    ({"sglang_supervisor_alert_command": ["curl"]}, "sglang_supervisor_alert_command = ['curl']: must be a shell command"),
+    ({"sglang_supervisor_enabled": "maybe"}, "sglang_supervisor_enabled = 'maybe': must be true or false. Fix:"),
+])
+def test_the_plan_refuses_settings_that_cannot_work(change, message):
+    [error] = PLAN({**ROLE_DEFAULTS, **change})["errors"]
+    assert error.startswith(message) and "Fix:" in error, error
+
+
+def test_the_plan_takes_numbers_given_as_text_and_checks_nothing_more_when_off():
+    assert PLAN({**ROLE_DEFAULTS, "sglang_supervisor_stable_after": "120", "sglang_supervisor_max_restarts": 0}) == \
+        {"errors": []}
+    assert PLAN({**ROLE_DEFAULTS, "sglang_supervisor_enabled": "false", "sglang_supervisor_stable_after": 0}) == \
+        {"errors": []}
 
 
 def cli(*args: str, config: Path) -> subprocess.CompletedProcess:
