@@ -17,13 +17,19 @@ MODEL_DIR = "/opt/models/glm53"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 STATE_DIR = "/var/lib/sglang-supervisor"
 ALERT = f"{STATE_DIR}/alert.json"
-# A fast watch for the stand-in's one-second loads; the alert command keeps what it is given.
+# A fast watch for the stand-in's one-second loads; the alert command keeps what it is given. A
+# restart is a recovery after two healthy checks (stable_after), and a failing streak backs off
+# 2 s, then 4 s, at most 8 s.
 SUPERVISOR = {
     "sglang_supervisor_enabled": True,
     "sglang_supervisor_interval": 2,
     "sglang_supervisor_failures": 2,
     "sglang_supervisor_probe_timeout": 3,
     "sglang_supervisor_max_restarts": 20,
+    "sglang_supervisor_stable_after": 4,
+    "sglang_supervisor_backoff_initial": 2,
+    "sglang_supervisor_backoff_max": 8,
+    "sglang_supervisor_window_max_restarts": 20,
     "sglang_supervisor_window": 3600,
     "sglang_supervisor_gpu_release_timeout": 60,
     "sglang_supervisor_alert_command": f"cat > {ALERT}",
@@ -85,6 +91,34 @@ def wait_for(predicate, what: str, timeout: float = RECOVERY, every: float = 1.0
 def wait_serving(cluster, timeout: float = RECOVERY) -> None:
     """Until the group answers a generation and the supervisor calls it healthy."""
     wait_for(lambda: generate(cluster) and state(cluster).get("state") == "healthy", "the group to serve again", timeout)
+
+
+def wait_stable(cluster, timeout: float = RECOVERY) -> dict:
+    """Until the supervisor counts the last restart as a recovery (stable_after of healthy checks:
+    its failing streak back to 0, serving); returns its state. A fault injected before then would be
+    the next attempt of a failing streak, held off by the back-off."""
+    def stable():
+        st = state(cluster)
+        return st if st.get("state") == "healthy" and st.get("streak") == 0 else None
+
+    return wait_for(stable, "the supervisor to count the restart as stable service", timeout)
+
+
+def wait_checks(cluster, count: int, timeout: float = RECOVERY) -> dict:
+    """Until the supervisor has made `count` more checks (each stamps its state's "checked"); returns
+    its state then. A wait on the supervisor's own events, not on a guessed time."""
+    seen = {state(cluster).get("checked")}
+    found = {}
+
+    def checked():
+        st = state(cluster)
+        if st.get("checked") and st["checked"] not in seen:
+            seen.add(st["checked"])
+            found.update(st)
+        return len(seen) > count
+
+    wait_for(checked, f"{count} checks of the supervisor", timeout, every=0.3)
+    return found
 
 
 def signal_rank(node, signal: str) -> None:
