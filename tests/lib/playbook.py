@@ -96,6 +96,9 @@ def run_playbook(
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_NOCOLOR": "1",
+        # ansible-runner sets ANSIBLE_CALLBACK_PLUGINS (for its event callback), which outranks
+        # ansible.cfg's callback_plugins: name the project's own plugin directory here too.
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
         **(envvars or {}),
     }
     try:
