@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def load_callback():
-    spec = importlib.util.spec_from_file_location("spark_plugin_cache_under_test", REPO / "callback_plugins/spark_plugin_cache.py")
+    path = REPO / "callback_plugins/spark_plugin_cache.py"
+    spec = importlib.util.spec_from_file_location("spark_plugin_cache_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.CallbackModule()
