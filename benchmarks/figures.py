@@ -23,6 +23,9 @@ from .nodes import REPO, BenchError, StagedModule, close_masters, sh, timed, tre
 from .recovery import recovery
 from .report import Figure, median, mib_per_s, read_loadavg
 
+# What the test inventory turns off to save the tests time, back as a site gets it: figures are taken on the
+# product's defaults (tests/inventory/group_vars/spark/monitoring.yml and server.yml say why they differ).
+PRODUCT_DEFAULTS = {"spark_monitoring": True, "sglang_supervisor_enabled": True}
 BENCH_DIR = "/opt/bench"  # scratch on the nodes, outside the deployed checkpoint
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -62,7 +65,7 @@ class Context:
     @property
     def extravars(self) -> dict:
         # The verify role writes its report on the controller: into our scratch, not the checkout.
-        return {"checkpoint_revision": self.revision, "checkpoint_hf_endpoint": self.hub_url,
+        return {**PRODUCT_DEFAULTS, "checkpoint_revision": self.revision, "checkpoint_hf_endpoint": self.hub_url,
                 "sglang_verify_report_dir": str(self.workdir / "reports")}
 
     def say(self, msg: str) -> None:
@@ -181,9 +184,33 @@ def _task_seconds(events: list[dict]) -> Counter:
     return out
 
 
+def node_task_counts(r) -> dict[str, int]:
+    """What a run did on the nodes: task results that reached a node (ok, changed, failed or unreachable on a
+    node, not delegated to the controller), those skipped there, and those that ran on the controller."""
+    counts = {"on_nodes": 0, "skipped": 0, "controller": 0}
+    for e in r.task_events():
+        kind, data = e["event"], e["event_data"]
+        if kind == "runner_on_start":
+            continue
+        delegated = data.get("res", {}).get("_ansible_delegated_vars", {}).get("ansible_delegated_host")
+        if data.get("host") == "localhost" or delegated == "localhost":
+            counts["controller"] += 1
+        elif kind == "runner_on_skipped":
+            counts["skipped"] += 1
+        else:
+            counts["on_nodes"] += 1
+    return counts
+
+
+NOCHANGE_TARGET_SECONDS = 15.0
+
+
 def site_noop(ctx: Context, runs: int) -> list[Figure]:
+    """A no-change site.yml with the product's defaults (Context.extravars), the project's ansible.cfg beside
+    Ansible's stock configuration: wall time and the tasks that reached a node, side by side in each round."""
     configs = {"project": REPO / "ansible.cfg", "defaults": defaults_config(ctx)}
     changed: dict[str, list[dict]] = {k: [] for k in configs}
+    tasks: dict[str, list[dict]] = {k: [] for k in configs}
     slowest: Counter = Counter()
     counter = iter(range(10_000))
 
@@ -192,12 +219,13 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
             # A fresh control-socket directory per run: no run inherits another's open SSH connections.
             cp = ctx.control_dir / f"site-{which}-{next(counter)}"
             cp.mkdir()
+            env = {"ANSIBLE_CONFIG": str(configs[which]), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)}
+            if which == "defaults":
+                env["ANSIBLE_CALLBACK_PLUGINS"] = ""  # stock: not even the project's plugin cache
             t0 = time.monotonic()
             try:
                 with _no_inherited_ansible_env():
-                    r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=1800,
-                                     envvars={"ANSIBLE_CONFIG": str(configs[which]),
-                                              "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
+                    r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=1800, envvars=env)
             finally:
                 seconds = time.monotonic() - t0
                 close_masters(cp)
@@ -207,6 +235,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
                         if d.get("res", {}).get("_ansible_delegated_vars", {}).get("ansible_delegated_host") != "localhost"]
             on_controller = [f"{d['host']}: {d['task']}" for d in r.changed if f"{d['host']}: {d['task']}" not in on_nodes]
             changed[which].append({"nodes": on_nodes, "controller": on_controller})
+            tasks[which].append(node_task_counts(r))
             if which == "project":
                 slowest.update(_task_seconds(r.events))
             return seconds
@@ -219,26 +248,35 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
     node_changes = max((len(c["nodes"]) for c in changed["project"]), default=None)
     ctrl_changes = max((len(c["controller"]) for c in changed["project"]), default=None)
     dflt_node_changes = max((len(c["nodes"]) for c in changed["defaults"]), default=None)
+
+    def counted(which: str) -> str:
+        last = tasks[which][-1] if tasks[which] else {}
+        return (f"{last.get('on_nodes')} task results on the nodes, {last.get('skipped')} skipped there, "
+                f"{last.get('controller')} on the controller")
+
     fig = Figure(
-        key="site_noop", name="site.yml no-change re-run, 2 nodes (wall)", unit="s",
-        measured=s["project"], baseline_name="Ansible defaults (no pipelining, ControlPersist=60s, forks 5)",
-        baseline=s["defaults"],
-        target_op="<=", target=0.5, target_text="<= 0.5x and 0 changed on nodes",
-        notes=[f"changed tasks per run with the project's ansible.cfg: {node_changes} on nodes, {ctrl_changes} on the "
-               f"controller (the verify role rewrites its timestamped report there); with defaults: "
-               f"{dflt_node_changes} on nodes",
+        key="nochange", name="site.yml no-change re-run, 2 nodes, the product's defaults (wall)", unit="s",
+        measured=s["project"], baseline_name="Ansible's stock configuration", baseline=s["defaults"],
+        target_op="<=", target=NOCHANGE_TARGET_SECONDS, judged_on="measured",
+        target_text=f"<= {NOCHANGE_TARGET_SECONDS:.0f} s on a quiet machine and 0 changed on nodes",
+        notes=[f"the product's defaults: {', '.join(f'{k}={v}' for k, v in PRODUCT_DEFAULTS.items())} over the test "
+               f"inventory's shortcuts",
+               f"tasks per run with the project's ansible.cfg: {counted('project')}; with the stock configuration: "
+               f"{counted('defaults')}",
+               f"changed tasks per run with the project's ansible.cfg: {node_changes} on nodes, {ctrl_changes} on the "
+               f"controller; with the stock configuration: {dflt_node_changes} on nodes",
                "slowest tasks (project config, seconds summed over its runs): "
                + ", ".join(f"{name} {sec:.1f}" for name, sec in slowest.most_common(5)),
-               f"baseline settings (Ansible's defaults, as ansible-config reports them in the run): "
-               f"{_settings_text(settings['defaults'])}",
+               f"stock settings (as ansible-config reports them in the run): {_settings_text(settings['defaults'])}",
                f"project settings (ansible.cfg): {_settings_text(settings['project'])}",
                "both sides run through ansible-runner, which sets "
                + ", ".join(f"{k}={v}" for k, v in RUNNER_ENV.items())
                + "; the inventory adds only host-key options (ansible_ssh_common_args); the caller's ANSIBLE_* "
                "variables are not passed on" + (f" (ignored here: {', '.join(sorted(inherited))})" if inherited else "")],
-        extra={"changed": changed, "task_seconds_project": dict(slowest.most_common(40)),
+        extra={"changed": changed, "tasks": tasks, "task_seconds_project": dict(slowest.most_common(40)),
                "defaults_config": configs["defaults"].read_text(), "settings": settings,
-               "runner_env": RUNNER_ENV, "inherited_ansible_env_ignored": sorted(inherited)},
+               "runner_env": RUNNER_ENV, "inherited_ansible_env_ignored": sorted(inherited),
+               "product_defaults": PRODUCT_DEFAULTS},
     )
     fig.conditions["0 changed tasks on nodes"] = node_changes == 0
     return [fig]
@@ -531,7 +569,7 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
 # Defined beside the figures whose helpers it reuses, so imported once they exist.
 from .task_floor import task_floor  # noqa: E402
 
-FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "site": site_noop, "floor": task_floor,
+FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "nochange": site_noop, "site": site_noop, "floor": task_floor,
            "recovery": recovery}
 
 

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     machine["load_before"] = read_loadavg()
     shard_bytes = max(int(args.shard_mib * MiB), 1)
-    groups = args.only or ["sync", "verify", "fetch", "site", "floor", "recovery"]
+    groups = args.only or ["sync", "verify", "fetch", "nochange", "floor", "recovery"]
     defaults = role_defaults()
 
     hub_root = sim.CACHE_ROOT / "bench-hub" / f"{args.shards}x{shard_bytes}"
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": ctx.sh(ctx.head, "python3 -V", check=False).strip(),
         }
         for key in groups:
-            runs = args.site_runs if key in ("site", "floor") else args.runs
+            runs = args.site_runs if key in ("nochange", "site", "floor") else args.runs
             figs, err = figures.run_figure(ctx, key, runs)
             results += figs
             if err:
