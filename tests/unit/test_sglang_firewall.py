@@ -7,13 +7,16 @@ The rules are data that the template prints and the checks evaluate, so the pack
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pwd
 import subprocess
 import sys
 
 import pytest
 
-from tests.lib.role_module import REPO
+from tests.lib.role_module import REPO, run_role_module
 from tests.lib.roles import filter_plugin, role_defaults
 
 fw = filter_plugin("sglang_firewall")
@@ -263,3 +266,59 @@ def test_the_probe_reads_the_ssh_session_from_its_environment_or_an_ancestors(tm
     assert isinstance(result["addrs"], list) and result["table_loaded"] is False
     assert len(result["local_ports"].split()) == 2
     assert run_probe(tmp_path, {}, {})["ssh_connection"] == ""
+
+
+# --- the node against what the role would install (one probe, no task per file) ----------------------------
+
+RULES_PATH = "/etc/nftables.d/sglang_guard.nft"
+UNIT_PATH = "/etc/systemd/system/sglang-firewall.service"
+WANT = {"paths": [{"path": RULES_PATH, "owner": "root", "group": "root", "mode": "0644", "checksum": "aa"},
+                  {"path": UNIT_PATH, "owner": "root", "group": "root", "mode": "0644", "checksum": "bb"}],
+        "units": ["sglang-firewall.service"], "table": True}
+
+
+def node(**changes):
+    """A probe's answer from a node that holds and runs what WANT installs."""
+    answer = {"nft": "/usr/sbin/nft", "table_loaded": True,
+              "paths": {RULES_PATH: {"type": "file", "owner": "root", "group": "root", "mode": "0644", "checksum": "aa"},
+                        UNIT_PATH: {"type": "file", "owner": "root", "group": "root", "mode": "0644", "checksum": "bb"}},
+              "units": {"sglang-firewall.service": {"active": "active", "enabled": "enabled"}}}
+    answer.update(changes)
+    return answer
+
+
+def test_a_node_that_holds_and_runs_the_rules_has_nothing_to_install():
+    assert fw.sglang_firewall_drift(node(), WANT) == []
+
+
+@pytest.mark.parametrize(("changes", "found"), [
+    ({"table_loaded": False}, "the table is not loaded"),
+    ({"nft": ""}, "nft not installed"),
+    ({"paths": {**node()["paths"], RULES_PATH: {"type": "absent"}}}, f"{RULES_PATH}: absent, not a file"),
+    ({"paths": {**node()["paths"], RULES_PATH: {**node()["paths"][RULES_PATH], "checksum": "cc"}}},
+     f"{RULES_PATH}: checksum differs"),
+    ({"paths": {**node()["paths"], UNIT_PATH: {**node()["paths"][UNIT_PATH], "mode": "0600"}}},
+     f"{UNIT_PATH}: mode 0600, not 0644"),
+    ({"units": {"sglang-firewall.service": {"active": "inactive", "enabled": "enabled"}}},
+     "sglang-firewall.service not active (inactive)"),
+    ({"units": {"sglang-firewall.service": {"active": "active", "enabled": "disabled"}}},
+     "sglang-firewall.service not enabled (disabled)"),
+    ({"units": {}}, "sglang-firewall.service not active (unknown)"),
+])
+def test_any_difference_on_the_node_runs_the_installation(changes, found):
+    assert found in fw.sglang_firewall_drift(node(**changes), WANT)
+
+
+def test_the_probe_reads_the_files_it_is_given(tmp_path):
+    rules = tmp_path / "rules.nft"
+    rules.write_text("table inet x {}\n")
+    rules.chmod(0o640)
+    result = run_role_module("sglang_firewall", "sglang_firewall_probe",
+                             {"table": "inet sglang_probe_test", "paths": [str(rules), str(tmp_path / "gone")]}, tmp_path)
+    assert result["changed"] is False
+    seen = result["paths"][str(rules)]
+    assert seen["type"] == "file" and seen["mode"] == "0640"
+    assert seen["checksum"] == hashlib.sha1(rules.read_bytes()).hexdigest()  # noqa: S324 - as the template module
+    assert seen["owner"] == pwd.getpwuid(os.getuid())[0]
+    assert result["paths"][str(tmp_path / "gone")] == {"type": "absent"}
+    assert result["units"] == {}

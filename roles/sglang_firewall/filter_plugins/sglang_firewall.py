@@ -523,10 +523,48 @@ def sglang_firewall_plan(ctx, hostvars=None):
     return plan
 
 
+# --- Drift: what the node holds against what the role would install -----------------------------------
+
+
+def sglang_firewall_drift(probe, want):
+    """What differs between the node (the sglang_firewall_probe module's answer) and `want`, one line each.
+
+    `want`: {paths: [{path, owner, group, mode, checksum}], units: [name], table: bool} - a file absent, of
+    another owner, group, mode or content, a unit not active or not enabled, the table not loaded. Empty: the
+    node holds and runs what the role would install, so it has nothing to do.
+    """
+    probe = probe or {}
+    want = want or {}
+    drift = []
+    if not probe.get("nft"):
+        drift.append("nft not installed")
+    paths = probe.get("paths") or {}
+    for item in want.get("paths") or []:
+        have = paths.get(item["path"]) or {"type": "absent"}
+        if have.get("type") != "file":
+            drift.append(f"{item['path']}: {have.get('type')}, not a file")
+            continue
+        for key in ("owner", "group", "mode", "checksum"):
+            if item.get(key) not in (None, "") and str(have.get(key)) != str(item[key]):
+                drift.append(f"{item['path']}: {key} differs" if key == "checksum"
+                             else f"{item['path']}: {key} {have.get(key)}, not {item[key]}")
+    units = probe.get("units") or {}
+    for name in want.get("units") or []:
+        state = units.get(name) or {}
+        if state.get("active") != "active":
+            drift.append(f"{name} not active ({state.get('active') or 'unknown'})")
+        if state.get("enabled") != "enabled":
+            drift.append(f"{name} not enabled ({state.get('enabled') or 'no unit file'})")
+    if want.get("table") and not probe.get("table_loaded"):
+        drift.append("the table is not loaded")
+    return drift
+
+
 class FilterModule:
     def filters(self):
         return {
             "sglang_firewall_plan": sglang_firewall_plan,
             "sglang_firewall_route_commands": sglang_firewall_route_commands,
             "sglang_firewall_verdict": sglang_firewall_verdict,
+            "sglang_firewall_drift": sglang_firewall_drift,
         }

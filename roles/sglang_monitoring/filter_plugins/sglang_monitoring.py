@@ -497,6 +497,41 @@ def sglang_monitoring_dashboard_content(dashboard):
     return {k: v for k, v in (dashboard or {}).items() if k not in ("id", "version")}
 
 
+# --- Drift: what the node holds against what the role would install -----------------------------------
+
+
+def sglang_monitoring_drift(probe, want):
+    """What differs between the node (the sglang_monitoring_probe module's answer) and `want`, one line each.
+
+    `want`: {packages: [name], paths: [{path, type: file|directory, owner, group, mode, checksum (files)}],
+    units: [name]} - a package not installed, a file absent, of another owner, group or mode or content, a
+    unit not active or not enabled. Empty: the node holds what the role would install, so it has nothing to do.
+    """
+    probe = probe or {}
+    want = want or {}
+    drift = []
+    packages = probe.get("packages") or {}
+    drift += [f"package {name} not installed" for name in want.get("packages") or [] if not packages.get(name)]
+    paths = probe.get("paths") or {}
+    for item in want.get("paths") or []:
+        have = paths.get(item["path"]) or {"type": "absent"}
+        if have.get("type") != item.get("type", "file"):
+            drift.append(f"{item['path']}: {have.get('type')}, not a {item.get('type', 'file')}")
+            continue
+        for key in ("owner", "group", "mode", "checksum"):
+            if item.get(key) not in (None, "") and str(have.get(key)) != str(item[key]):
+                drift.append(f"{item['path']}: {key} differs" if key == "checksum"
+                             else f"{item['path']}: {key} {have.get(key)}, not {item[key]}")
+    units = probe.get("units") or {}
+    for name in want.get("units") or []:
+        state = units.get(name) or {}
+        if state.get("active") != "active":
+            drift.append(f"{name} not active ({state.get('active') or 'unknown'})")
+        if state.get("enabled") != "enabled":
+            drift.append(f"{name} not enabled ({state.get('enabled') or 'no unit file'})")
+    return drift
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -505,6 +540,7 @@ class FilterModule:
             "sglang_monitoring_prometheus_config": sglang_monitoring_prometheus_config,
             "sglang_monitoring_rules": sglang_monitoring_rules,
             "sglang_monitoring_prune": sglang_monitoring_prune,
+            "sglang_monitoring_drift": sglang_monitoring_drift,
             "sglang_monitoring_dashboard": sglang_monitoring_dashboard,
             "sglang_monitoring_dashboard_content": sglang_monitoring_dashboard_content,
             "sglang_monitoring_duration_seconds": duration_seconds,
