@@ -219,6 +219,7 @@ from types import SimpleNamespace
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.checkpoint_common import (
+    RECORD_FORMAT,
     REVISION_RE,
     TransferLock,
     TransferMeter,
@@ -241,7 +242,6 @@ from ansible.module_utils.checkpoint_common import (
 
 REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-RECORD_FORMAT = 1
 # The client's own download chunk (huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE): the same
 # writes as `hf download`, and a cut transfer keeps whole chunks on disk.
 CHUNK = 10 * 1024 * 1024

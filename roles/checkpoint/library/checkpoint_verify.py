@@ -33,6 +33,15 @@ description:
   - Deep mode hashes every file that no stamp or O(cache_path) remembers verifying in its present
     state (every file with O(rehash)), on one thread per core, largest files first.
   - Returns the files to fetch again (missing, wrong size, wrong content) so only those move.
+  - Probe mode reads, in one pass and without writing or failing, whether the directory needs
+    nothing at all (RV(done)) - the role's no-change path. Done when the verified-stamp vouches
+    for O(model_dir) at O(revision) as the role's C(stamp) entry point judges it (the record beside
+    it, of O(repo_id), every file in the state the stamp remembers verifying it in, one lstat per
+    file), and what the fast mode checks besides holds (no file the record does not list, every
+    code file of the record pinned in O(trusted_code_files) to its content (read, they are small),
+    the shard count, index, C(config.json) and C(processor_config.json)); with O(client_venv), the
+    hub client O(client_version) installed there. Every reason it is not done is in RV(reasons);
+    the fast mode that follows then says the same with its fix.
   - With O(stamp_path), writes a verified-stamp after a successful deep verification and removes it
     whenever verification fails, so a consumer (the server role) can refuse an unverified checkpoint.
 version_added: "1.0.0"
@@ -55,10 +64,19 @@ options:
     description: When set, the record must be of this revision.
     type: str
   mode:
-    description: V(fast) or V(deep).
+    description: V(fast), V(deep) or V(probe) (read only, see above).
     type: str
-    choices: [fast, deep]
+    choices: [fast, deep, probe]
     default: fast
+  repo_id:
+    description: When set, the record must be of this repository (O(mode=probe) only).
+    type: str
+  client_venv:
+    description: Venv that must hold the hub client, on the host that fetches (O(mode=probe) only).
+    type: path
+  client_version:
+    description: Version of huggingface_hub that O(client_venv) must hold.
+    type: str
   shard_count:
     description: Number of C(model-NNNNN-of-MMMMM.safetensors) shards expected.
     type: int
@@ -109,7 +127,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: The stamp is neither written nor removed; RV(changed) says whether it would be.
+    details: >-
+      The stamp is neither written nor removed; RV(changed) says whether it would be. O(mode=probe) reads
+      only, in either mode.
   diff_mode:
     support: none
   platform:
@@ -136,114 +156,138 @@ EXAMPLES = r"""
     cache_path: /opt/models/.glm53.partial/verified-files.json
     trusted_code_files:
       modeling_glm5_next.py: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+
+- name: Read whether the directory needs nothing at all
+  checkpoint_verify:
+    model_dir: /opt/models/glm53
+    record_path: /opt/models/glm53.record.json
+    revision: 0123456789abcdef0123456789abcdef01234567
+    repo_id: LibertAIDAI/GLM-5.3-Flash-NVFP4
+    mode: probe
+    stamp_path: /opt/models/glm53.verified
+  register: probe
 """
 
 RETURN = r"""
+done:
+  description: O(mode=probe) only. Whether the directory needs nothing (see the description).
+  returned: when O(mode=probe)
+  type: bool
+reasons:
+  description: O(mode=probe) only. Every reason the directory is not done; empty when it is.
+  returned: when O(mode=probe)
+  type: list
+  elements: str
+record:
+  description: O(mode=probe) only. The record beside the directory, when it is done.
+  returned: when O(mode=probe)
+  type: dict
 ok:
   description: Whether the checkpoint is complete and matches the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: bool
 problems:
   description: One sentence per problem found.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 missing:
   description: Files in the record absent from the directory.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 wrong_size:
   description: Files whose size differs from the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 wrong_content:
   description: Files whose hash differs from the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 stale_scales:
   description: Whether model-input-scales.safetensors is present but not the recorded version.
-  returned: always
+  returned: unless O(mode=probe)
   type: bool
 extra:
   description: Files present but not in the record (never deleted by this role).
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 refused:
   description:
     - Code-like files present but not in the record, and code files of the record not pinned (or pinned to other
       content).
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 code_files:
   description: Code files the record lists, each with C(name), C(pinned) and, when its content was read, C(sha256).
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: dict
 hashed:
   description:
     - Files this run hashed; the others were vouched for by a stamp or the cache, or are weight shards that a fast
       check without a stamp does not read.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 changed_since_verified:
   description: Files a stamp or the cache remembered verifying, changed since (size, mtime, inode or ctime), so hashed again.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 refetch:
   description: Files to fetch (or sync) again; fixing exactly these makes the directory complete.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 refetch_bytes:
   description: Bytes of the files in RV(refetch).
-  returned: always
+  returned: unless O(mode=probe)
   type: int
 total_bytes:
   description: Size of the checkpoint according to the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: int
 free_bytes:
   description: Free bytes on the filesystem that holds (or will hold) O(model_dir).
-  returned: always
+  returned: unless O(mode=probe)
   type: int
 hashed_bytes:
   description: Bytes read and hashed by this run (0 when the file set was refused).
-  returned: always
+  returned: unless O(mode=probe)
   type: int
 revision:
   description: Revision of the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: str
 mode:
   description: The O(mode) that ran.
-  returned: always
+  returned: unless O(mode=probe)
   type: str
 structure_problems:
   description: Problems of the record itself (not the expected model); fetching again cannot fix them.
-  returned: always
+  returned: unless O(mode=probe)
   type: list
   elements: str
 file_count:
   description: Files in the record.
-  returned: always
+  returned: unless O(mode=probe)
   type: int
 seconds:
   description: Wall time of the check.
-  returned: always
+  returned: unless O(mode=probe)
   type: float
 stamp:
   description: Content of the verified-stamp after this run, or null when there is none.
-  returned: always
+  returned: unless O(mode=probe)
   type: dict
 """
 
+import glob
 import json
 import os
 import re
@@ -253,6 +297,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.checkpoint_common import (
+    RECORD_FORMAT,
     atomic_write,
     file_digests,
     free_bytes,
@@ -262,7 +307,9 @@ from ansible.module_utils.checkpoint_common import (
     new_stamp,
     read_json,
     record_hash,
+    stamp_file_problems,
     stamp_matches,
+    stamp_problems,
     stamp_time_ns,
     still_verified,
     trusted_code_yaml,
@@ -394,6 +441,67 @@ def refusal_message(model_dir: str, revision: str, *, extra, refused_local, unpi
     return f"refusing {model_dir} {before}: " + "; ".join(parts)
 
 
+def probe(p: dict, model_dir: str) -> dict:
+    """The probe mode: whether ``model_dir`` needs nothing, and every reason it does otherwise.
+
+    Reads only and never fails. Done exactly when a fast check would pass hashing nothing but the
+    code files and write nothing: the stamp vouches for this record (stamp_problems and
+    stamp_file_problems, as the stamp entry point judges it, with the stamp's memory of every file)
+    and nothing else the fast check refuses is there.
+    """
+    stamp_path = p["stamp_path"]
+    record_path = p["record_path"]
+    reasons: list[str] = []
+    if not stamp_path:
+        return {"done": False, "reasons": ["no stamp_path to read"], "record": None}
+    stamp_read, record_read = read_json(stamp_path), read_json(record_path)
+    reasons = stamp_problems(stamp_read, record_read, revision=p["revision"], model_dir=model_dir,
+                             stamp_path=stamp_path, record_path=record_path)
+    if reasons:
+        return {"done": False, "reasons": reasons, "record": None}
+    stamp, record = stamp_read[0], record_read[0]
+    files = record["files"]
+    if p["repo_id"] and record.get("repo_id") != p["repo_id"]:
+        reasons.append(f"the record {record_path} is of {record.get('repo_id')}, checkpoint_repo_id is {p['repo_id']}")
+    if record.get("format") != RECORD_FORMAT:
+        reasons.append(f"the record {record_path} is of format {record.get('format')}, not {RECORD_FORMAT}")
+    if not isinstance(stamp.get("files"), dict):
+        # A stamp from before stamps remembered each file: the fast check writes that memory once.
+        reasons.append(f"the stamp {stamp_path} remembers no file states yet")
+    else:
+        reasons += stamp_file_problems(stamp, files, model_dir, stamp_path)
+    found = scan(model_dir, p["ignore"])
+    strays = sorted(n for n, st in found.items() if n not in files or not stat.S_ISREG(st.st_mode))
+    if strays:
+        reasons.append(f"{len(strays)} entries of {model_dir} are not files of the record, e.g. {strays[:3]}")
+    trusted = p["trusted_code_files"] or {}
+    bad_code = []
+    for name in sorted(n for n in files if is_code_name(n)):
+        path = os.path.join(model_dir, name)
+        algo, want = record_hash(files[name])
+        try:
+            got = file_digests(path, files[name]["size"], sorted({algo, "sha256"}))
+        except OSError:
+            got = {}
+        if got.get(algo) != want or trusted.get(name) != got.get("sha256"):
+            bad_code.append(name)
+    if bad_code:
+        reasons.append(f"code files of the record not pinned to their content in checkpoint_trusted_code_files: "
+                       f"{bad_code}")
+    present = {n for n in files if n in found} - set(bad_code)
+    structural, local = structure_checks(model_dir, files, shard_count=p["shard_count"], model_type=p["model_type"],
+                                         present=present, found=set(found))
+    reasons += structural + local
+    venv = p["client_venv"]
+    if venv:
+        dist = f"huggingface_hub-{p['client_version']}.dist-info"
+        installed = os.path.exists(os.path.join(venv, "bin", "python")) and bool(
+            glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages", glob.escape(dist))))
+        if not installed:
+            reasons.append(f"huggingface_hub {p['client_version']} is not installed in {venv}")
+    return {"done": not reasons, "reasons": reasons, "record": None if reasons else record}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -401,7 +509,10 @@ def main() -> None:
             "record_path": {"type": "path", "required": True},
             "record": {"type": "dict"},
             "revision": {"type": "str"},
-            "mode": {"type": "str", "choices": ["fast", "deep"], "default": "fast"},
+            "mode": {"type": "str", "choices": ["fast", "deep", "probe"], "default": "fast"},
+            "repo_id": {"type": "str"},
+            "client_venv": {"type": "path"},
+            "client_version": {"type": "str"},
             "shard_count": {"type": "int", "default": 120},
             "model_type": {"type": "str", "default": "glm5_next"},
             "ignore": {"type": "list", "elements": "str", "default": [".cache/huggingface/"]},
@@ -416,6 +527,8 @@ def main() -> None:
     )
     p = module.params
     model_dir = os.path.normpath(p["model_dir"])
+    if p["mode"] == "probe":
+        module.exit_json(changed=False, **probe(p, model_dir))
     record = p["record"]
     if record is None:
         record, problem = read_json(p["record_path"])

@@ -31,6 +31,9 @@ from collections import deque
 
 # A pinned commit: anything shorter or symbolic can move or be ambiguous.
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+# The record's layout, as checkpoint_fetch writes it: a record of another format is read again from
+# the hub, so the verification's probe does not vouch for it either.
+RECORD_FORMAT = 1
 
 
 # ---- formatting ----------------------------------------------------------------------------------
