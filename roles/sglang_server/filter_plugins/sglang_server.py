@@ -1049,6 +1049,55 @@ def sglang_server_doctor_lines(results):
     return out
 
 
+def sglang_server_install_drift(probe, expected):
+    """What the install step would change on this rank, from the one probe (library/sglang_server_state.py).
+
+    `expected`: {"files": {kind: {"sha1", "mode"}}, "dir_mode", "owner", "group", "enabled"} as the
+    install tasks would write them. [] means every file, mode, owner and the boot switch are in place,
+    so the install tasks would report no change and are skipped; anything else runs them all.
+    """
+    files = (probe or {}).get("files") or {}
+    owner, group = expected.get("owner", "root"), expected.get("group", "root")
+    out = []
+    folder = files.get("dir") or {}
+    if not folder.get("isdir") or (folder.get("mode"), folder.get("owner"), folder.get("group")) != (
+            expected.get("dir_mode"), owner, group):
+        out.append("configuration directory")
+    for kind, want in (expected.get("files") or {}).items():
+        got = files.get(kind) or {}
+        if not got.get("exists") or got.get("isdir"):
+            out.append(f"{kind} missing")
+        elif got.get("sha1") != want.get("sha1"):
+            out.append(f"{kind} content")
+        elif (got.get("mode"), got.get("owner"), got.get("group")) != (want.get("mode"), owner, group):
+            out.append(f"{kind} mode or owner")
+    state = ((probe or {}).get("unit") or {}).get("UnitFileState") or ""
+    if state != ("enabled" if _as_bool(expected.get("enabled")) else "disabled"):
+        out.append(f"start at boot ({state or 'unknown'})")
+    return out
+
+
+def sglang_server_restart_reasons(hosts, hostvars):
+    """Per rank of `hosts` that has one, why the group must restart: a newer image pulled, a changed env
+    file or unit (the install step's results), a unit that is not active. {} when none has a reason."""
+    out = {}
+    for host in hosts or []:
+        facts = hostvars[host]
+        probe = facts.get("__sglang_server_probe") or {}
+        reasons = ["a newer image was pulled"] if probe.get("changed") else []
+        for key, what in (("__sglang_server_env_result", "env file changed"),
+                          ("__sglang_server_unit_result", "unit changed")):
+            result = facts.get(key)
+            if isinstance(result, Mapping) and result.get("changed"):
+                reasons.append(what)
+        active = ((probe.get("unit") or {}).get("ActiveState")) or "inactive"
+        if active != "active":
+            reasons.append(f"unit {active}")
+        if reasons:
+            out[host] = reasons
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -1057,4 +1106,6 @@ class FilterModule:
             "sglang_server_rollback_plan": sglang_server_rollback_plan,
             "sglang_server_failure_cause": sglang_server_failure_cause,
             "sglang_server_doctor_lines": sglang_server_doctor_lines,
+            "sglang_server_install_drift": sglang_server_install_drift,
+            "sglang_server_restart_reasons": sglang_server_restart_reasons,
         }
