@@ -26,6 +26,10 @@ NETPLAN = "/etc/netplan/40-cx7.yaml"
 KEY = "/root/.ssh/id_spark_fabric"
 APPLY_TASK = "Apply the netplan configuration"
 FACTS_TASK = "Publish the node's fabric facts for the server"
+IPERF_INCLUDE = "Measure fabric bandwidth from the head to each worker"
+BANDWIDTH_TASK = "Check the bandwidth against the minimum"
+TRUST_INCLUDE = "Set up the head's SSH trust to every worker"
+TRUST_PROOF_TASK = "Prove that the head reaches each worker over the fabric with the pinned key"
 
 
 def messages(result) -> str:
@@ -36,6 +40,11 @@ def messages(result) -> str:
         out.append(str(res.get("msg", "")))
         out.extend(str(r["msg"]) for r in res.get("results", []) if r.get("msg"))
     return "\n".join(out)
+
+
+def skipped(result, task) -> set[str]:
+    """Hosts on which the task named `task` was skipped (a skipped include's result carries no flag of its own)."""
+    return {e["event_data"]["host"] for e in result.task_events("runner_on_skipped") if e["event_data"].get("task") == task}
 
 
 def reset_fabric(cluster) -> None:
@@ -145,7 +154,7 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     applied = first.results(APPLY_TASK)
     assert set(applied) == {"spark-0", "spark-1"} and all(r.get("changed") for r in applied.values())
     # The bandwidth proof really ran (the test site sets a floor).
-    assert first.results("Check the bandwidth against the minimum")["spark-0"].get("skipped") is not True
+    assert first.results(BANDWIDTH_TASK)["spark-0"].get("skipped") is not True
     for host, res in first.results(FACTS_TASK).items():
         facts = res["ansible_facts"]
         ip = next(n.fabric_ip for n in fresh.nodes if n.name == host)
@@ -159,6 +168,16 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     assert second.rc == 0, second.failure_messages()
     assert second.changed == []
     assert second.results(APPLY_TASK) == {}
+    # Nothing changed: no bandwidth measured, the trust read in place by the probes and not set up again.
+    assert skipped(second, IPERF_INCLUDE) == {"spark-0", "spark-1"}
+    assert second.results(BANDWIDTH_TASK) == {}
+    assert skipped(second, TRUST_INCLUDE) == {"spark-0", "spark-1"}
+    assert second.results(TRUST_PROOF_TASK) == {}
+    # On request the bandwidth is measured on a run that changes nothing, and still changes nothing.
+    asked = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_always": True})
+    assert asked.rc == 0, asked.failure_messages()
+    assert asked.changed == []
+    assert asked.results(BANDWIDTH_TASK)["spark-0"].get("skipped") is not True
 
     again = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
     assert again.rc == 0, again.failure_messages()
@@ -210,6 +229,28 @@ def test_testinfra_ssh_trust_head_to_worker(configured, hosts):
         assert "Permission denied (publickey" in out.stdout and out.stdout.strip().endswith("exit=255"), out.stdout
         # Pinned, not trusted on first use: an unknown address is refused under strict checking.
         assert w.fabric_ip in h.file("/root/.ssh/known_hosts").content_string
+
+
+def test_a_missing_piece_of_the_ssh_trust_is_put_back(configured, sim_inventory):
+    """The probes read the trust on both ends: a worker's authorized_keys entry gone, then the head's pin of the
+    worker's host key gone, are each found, put back and proven; the run after changes nothing."""
+    head, worker = configured.nodes
+    for damage, node, task in (
+        ("sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys", worker,
+         "Accept the head's fabric key on the worker, from the head's fabric address only"),
+        (f"sed -i '/^{worker.fabric_ip} ssh-ed25519 /d' /root/.ssh/known_hosts", head,
+         "Pin each worker's host keys for its fabric address on the head"),
+    ):
+        sim.ssh(node, damage)
+        result = run_playbook(PLAYBOOK, sim_inventory)
+        assert result.rc == 0, messages(result) or result.stdout[-4000:]
+        assert {d["task"] for d in result.changed} == {task}, [d["task"] for d in result.changed]
+        assert all(r.get("rc") == 0 for r in result.results(TRUST_PROOF_TASK)[head.name]["results"])
+        # Only the link's changes measure the bandwidth.
+        assert result.results(BANDWIDTH_TASK) == {}
+    again = run_playbook(PLAYBOOK, sim_inventory)
+    assert again.rc == 0 and again.changed == []
+    assert skipped(again, TRUST_INCLUDE) == {"spark-0", "spark-1"}
 
 
 DRIFT_TASK = "Report the fabric port's drift from the configuration, and repair it"
@@ -302,8 +343,8 @@ def test_no_active_firewall_is_left_alone(configured, sim_inventory):
     result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
     assert result.rc == 0, result.failure_messages()
     assert result.changed == []
-    inserted = result.results("Accept the peers' fabric addresses on the fabric interface in nftables")
-    assert set(inserted) == {"spark-0", "spark-1"}
-    assert all(not r.get("results") for r in inserted.values())
+    # The probe read no dropping chain: the firewall's tasks are not even included.
+    assert skipped(result, "Let the peers through an active host firewall") == {"spark-0", "spark-1"}
+    assert result.results("Accept the peers' fabric addresses on the fabric interface in nftables") == {}
     for n in configured.nodes:
         assert sim.ssh(n, "nft list ruleset").strip() == ""

@@ -205,6 +205,88 @@ def fabric_port_cause(port, want, peers):
     return causes
 
 
+def fabric_route_faults(routes, interface, address) -> list:
+    """Routes to peers (`ip -j route get` results with the peer as item) that do not leave through `interface`
+    from `address`: [{peer, dev, prefsrc, local}], empty when all do."""
+    out = []
+    for result in routes or []:
+        try:
+            route = (json.loads(result.get("stdout") or "[]") or [{}])[0]
+        except ValueError:
+            route = {}
+        local = route.get("type", "unicast") == "local"
+        if local or route.get("dev") != interface or route.get("prefsrc", "") != address:
+            out.append({"peer": result.get("item"), "dev": route.get("dev", "?"), "prefsrc": route.get("prefsrc", "?"),
+                        "local": local})
+    return out
+
+
+def fabric_ping_faults(pings, peers) -> list:
+    """Peers the full-size pings did not pass to: [{peer, small}] - small: whether small pings passed
+    (None when the peer was not pinged at all: the port had no carrier when it was read)."""
+    by_peer = {p.get("item"): p for p in pings or []}
+    out = []
+    for peer in peers or []:
+        ping = by_peer.get(peer)
+        if ping is None:
+            out.append({"peer": peer, "small": None})
+        elif ping.get("rc") != 0:
+            out.append({"peer": peer, "small": (ping.get("small") or {}).get("rc") == 0})
+    return out
+
+
+def fabric_known_host_lines(host_keys, address) -> list:
+    """known_hosts lines pinning a worker's host keys (the probe's {type, content}) for its fabric address."""
+    out = []
+    for key in host_keys or []:
+        fields = str(key.get("content", "")).split()
+        if len(fields) >= 2:
+            out.append(f"{address} {fields[0]} {fields[1]}")
+    return out
+
+
+def _stat_gap(stats, path, owner, mode, what):
+    st = (stats or {}).get(path) or {}
+    if not st.get("exists"):
+        return [f"{what} {path} missing"]
+    if (mode and st.get("mode") != mode) or st.get("owner") != owner:
+        return [f"{what} {path} is {st.get('owner')} {st.get('mode')}, want {owner} {mode or ''}".rstrip()]
+    return []
+
+
+def fabric_trust_gaps(probes, head, workers, *, ips, user, key_path, authorized_keys):
+    """What the head's SSH trust to `workers` still lacks, by the probes' readings: [sentence], empty when in place.
+
+    probes: {host: the fabric_probe result} of the hosts in this run; a head outside the run is
+    unknown, so everything is done again (by delegation). Each piece is what the role's tasks
+    write: the head's key directory (owner, 0700) and key pair, each worker's authorized_keys line
+    (from the head's fabric address only, restrict) with its directory (0700) and file (0600), and
+    each worker's host keys pinned for its fabric address in the head's known_hosts.
+    """
+    head_probe = (probes or {}).get(head)
+    if not head_probe:
+        return [f"the head {head} is not in this run"]
+    stats = head_probe.get("stats")
+    gaps = _stat_gap(stats, key_path.rsplit("/", 1)[0] or "/", user, "0700", "the head's key directory")
+    gaps += _stat_gap(stats, key_path, user, "", "the head's key")
+    pub = str(head_probe.get("public_key") or "").split()
+    if len(pub) < 2:
+        return gaps + [f"the head's public key {key_path}.pub missing"]
+    known = set(head_probe.get("known_hosts") or [])
+    ssh_dir = authorized_keys.rsplit("/", 1)[0]
+    want_line = f'from="{ips.get(head)}",restrict {pub[0]} {pub[1]} spark-fabric@{head}'
+    for worker in workers:
+        probe = probes.get(worker) or {}
+        if want_line not in (probe.get("authorized_keys") or []):
+            gaps.append(f"{worker}: the head's key is not in {authorized_keys}")
+        gaps += [f"{worker}: {g}" for g in _stat_gap(probe.get("stats"), ssh_dir, user, "0700", "directory")]
+        gaps += [f"{worker}: {g}" for g in _stat_gap(probe.get("stats"), authorized_keys, user, "0600", "file")]
+        lines = fabric_known_host_lines(probe.get("host_keys"), ips.get(worker))
+        if not lines or any(line not in known for line in lines):
+            gaps.append(f"{worker}'s host keys are not all pinned for {ips.get(worker)} on the head")
+    return gaps
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -213,6 +295,10 @@ class FilterModule:
             "fabric_in_network": fabric_in_network,
             "fabric_off_subnet": fabric_off_subnet,
             "fabric_ifaces_in_network": fabric_ifaces_in_network,
+            "fabric_known_host_lines": fabric_known_host_lines,
+            "fabric_route_faults": fabric_route_faults,
+            "fabric_ping_faults": fabric_ping_faults,
+            "fabric_trust_gaps": fabric_trust_gaps,
             "fabric_nft_missing": fabric_nft_missing,
             "fabric_port": fabric_port,
             "fabric_peer_port": fabric_peer_port,

@@ -14,8 +14,11 @@ description:
     the role.
   - Reads, before the role changes anything, what its checks and proofs read: the node's network
     interfaces, whether ufw is active and otherwise the nftables ruleset, every interface's addresses,
-    the kernel's route to each peer, the RDMA devices and the ports behind them, the SSH host keys
-    (on a worker) and the head's fabric public key and known_hosts (on the head).
+    the kernel's route to each peer, full-size pings that may not fragment to each peer (where the
+    fabric port is up with carrier), the RDMA devices and the ports behind them, the SSH host keys and
+    C(authorized_keys) (on a worker) and the head's fabric key pair and known_hosts (on the head), with
+    the owner and mode of the SSH files the role manages.
+  - The role reads it again after a change (netplan apply, firewall rules) for the proof.
   - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
     that is missing answers exit 127 (run through C(sh)), which is evidence, not an error.
 version_added: "1.1.0"
@@ -43,6 +46,25 @@ options:
     description: A known_hosts file to read if it exists (the head's); empty reads none.
     type: str
     default: ""
+  authorized_keys_path:
+    description: An authorized_keys file to read if it exists (a worker's; C(~user) is expanded); empty reads none.
+    type: str
+    default: ""
+  stat_paths:
+    description: Paths (C(~user) expanded) whose existence, mode and owner are returned.
+    type: list
+    elements: str
+    default: []
+  ping_interface:
+    description:
+      - The fabric port to ping each peer through; empty pings nobody.
+      - Nobody is pinged either while the port is down or without carrier (no ping could pass).
+    type: str
+    default: ""
+  ping_size:
+    description: ICMP payload of the full-size pings (the MTU less 28); a peer that does not answer them gets small ones.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -108,11 +130,30 @@ known_hosts:
   returned: always
   type: list
   elements: str
+authorized_keys:
+  description: The lines of O(authorized_keys_path), empty when it does not exist.
+  returned: always
+  type: list
+  elements: str
+stats:
+  description: Per path of O(stat_paths) as given, C({exists, mode, owner}) (mode as 4 octal digits).
+  returned: always
+  type: dict
+pings:
+  description:
+    - Per peer, in O(peers) order, C(ping -M do -s <ping_size>)'s result with the peer as C(item), and
+      C(small), the result of a small ping where the full-size one failed (else null).
+    - Empty where O(ping_interface) is empty, down or without carrier.
+  returned: always
+  type: list
+  elements: dict
 """
 
 import glob
 import os
+import pwd
 import re
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -134,6 +175,42 @@ def _read(path):
         return None
 
 
+def _stat(path):
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return {"exists": False, "mode": "", "owner": ""}
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    return {"exists": True, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "owner": owner}
+
+
+def _has_carrier(interface):
+    """Up with carrier, as the kernel says (reading carrier of a port that is down fails: no carrier)."""
+    flags = _read(f"{NETDEVS}/{interface}/flags")
+    carrier = _read(f"{NETDEVS}/{interface}/carrier")
+    try:
+        return bool(int(flags or "0", 16) & 0x1) and (carrier or "").strip() == "1"
+    except ValueError:
+        return False
+
+
+def _pings(module, interface, size, peers):
+    """The role's full-size DF pings, and small ones where those failed (MTU trouble or no path at all)."""
+    if not interface or not peers or not _has_carrier(interface):
+        return []
+    out = []
+    for peer in peers:
+        full = _run(module, "ping", "-c", "3", "-i", "0.2", "-W", "2", "-M", "do", "-s", str(size), "-I", interface, peer)
+        small = None
+        if full["rc"] != 0:
+            small = _run(module, "ping", "-c", "3", "-i", "0.2", "-W", "2", "-I", interface, peer)
+        out.append({"item": peer, **full, "small": small})
+    return out
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -142,6 +219,10 @@ def main():
             "host_key_types": {"type": "list", "elements": "str", "default": [], "no_log": False},
             "public_key_path": {"type": "str", "default": "", "no_log": False},
             "known_hosts_path": {"type": "str", "default": ""},
+            "authorized_keys_path": {"type": "str", "default": ""},
+            "stat_paths": {"type": "list", "elements": "str", "default": []},
+            "ping_interface": {"type": "str", "default": ""},
+            "ping_size": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -161,6 +242,7 @@ def main():
         if text is not None:
             host_keys.append({"type": key_type, "content": text})
     known = _read(p["known_hosts_path"]) if p["known_hosts_path"] else None
+    authorized = _read(os.path.expanduser(p["authorized_keys_path"])) if p["authorized_keys_path"] else None
     module.exit_json(
         changed=False,
         netdevs=sorted(os.listdir(NETDEVS)),
@@ -172,6 +254,9 @@ def main():
         host_keys=host_keys,
         public_key=(_read(p["public_key_path"]) or "") if p["public_key_path"] else "",
         known_hosts=[line.strip() for line in (known or "").splitlines() if line.strip()],
+        authorized_keys=[line.strip() for line in (authorized or "").splitlines() if line.strip()],
+        stats={path: _stat(path) for path in p["stat_paths"]},
+        pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
     )
 
 
