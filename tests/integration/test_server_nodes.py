@@ -35,6 +35,10 @@ IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 IMAGES_JSON = "/var/lib/spark-sim/docker/images.json"
 
 PROBE = "Probe the units, and the head's /v1/models for up to a round"
+READ = "Pull the SGLang image and read what this rank runs"
+INSTALL_STEP = "Install the unit and its environment where the probe found them different"
+RESTART_STEP = "Restart all ranks together when anything changed"
+READINESS_STEP = "Wait for the head, stop every rank on failure"
 PLAN = "Refuse invalid SGLang server settings before any change"
 STAMP_CHECK = "Refuse to start on a checkpoint that is not verified at the pinned revision"
 ARCH_CHECK = "Refuse an image that is missing or not linux/arm64"
@@ -124,6 +128,12 @@ def models(cluster) -> list[str]:
     request = urllib.request.Request(f"http://{head.mgmt_ip}:30000/v1/models", headers=api_key_header(cluster))
     with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310
         return [m["id"] for m in json.loads(resp.read())["data"]]
+
+
+def outcomes(result, task: str) -> list[str]:
+    """The events of the task named `task` that say how it ended (not its start), in order."""
+    return [e["event"] for e in result.task_events() if e["event_data"].get("task") == task
+            and e["event"] != "runner_on_start"]
 
 
 def changed_tasks(result) -> list[str]:
@@ -231,12 +241,57 @@ def test_second_run_changes_nothing_and_restarts_nothing(serving, sim_inventory)
     assert result.rc == 0, result.failure_messages()
     assert changed_tasks(result) == []
     assert {n.name: started_at(n) for n in serving.nodes} == before
-    # A serving group answers in the first round: one probe per rank, no queued rounds.
-    probes = [e for e in result.task_events() if e["event_data"].get("task") == PROBE
-              and e["event"] in ("runner_on_ok", "runner_on_skipped", "runner_on_failed")]
-    assert [e["event"] for e in probes] == ["runner_on_ok"], probes
-    assert [r["item"] for r in probes[0]["event_data"]["res"]["results"]] == ["spark-1", "spark-0"]
+    # One read per rank decides: nothing differs, so no install, restart or readiness round runs -
+    # each of them one skipped include per rank, never a task per file.
+    assert set(result.results(READ)) == {n.name for n in serving.nodes}
+    assert outcomes(result, PROBE) == [], "a readiness round ran"
+    for step in (INSTALL_STEP, RESTART_STEP, READINESS_STEP):
+        assert outcomes(result, step) == ["runner_on_skipped"] * len(serving.nodes), step
     print(f"no-change server.yml run: {took:.1f} s")
+
+
+def test_drift_on_a_node_is_found_and_repaired(serving, sim_inventory):
+    """An env file edited on the worker and the head's unit disabled: the one read finds both; the env file
+    is put back, which restarts every rank (worker first) and waits for readiness; the unit is enabled again."""
+    head, worker = serving.nodes
+    before = {n.name: started_at(n) for n in serving.nodes}
+    ssh(worker, f"echo EXTRA=1 >> {ENV_PATH}")
+    ssh(head, f"systemctl disable {UNIT}")
+    try:
+        result = server(sim_inventory)
+        assert result.rc == 0, result.failure_messages()
+        changed = set(changed_tasks(result))
+        assert f"{head.name}: Enable or disable start at boot" in changed, changed
+        # The env file's task is no_log: ansible-runner drops `changed` from the censored result, the display
+        # line keeps it.
+        env_changed = {e["event_data"]["host"] for e in result.task_events("runner_on_ok")
+                       if e["event_data"].get("task") == "Install the environment file" and "changed:" in e.get("stdout", "")}
+        assert env_changed == {worker.name}, env_changed
+        after = {n.name: started_at(n) for n in serving.nodes}
+        assert after[head.name] > before[head.name] and after[worker.name] > before[worker.name], (before, after)
+        assert after[worker.name] < after[head.name]
+        assert outcomes(result, PROBE) == ["runner_on_ok"]
+        assert "EXTRA=1" not in ssh(worker, f"cat {ENV_PATH}")
+        assert unit_state(head)["UnitFileState"] == "enabled"
+        assert_serving(serving)
+    finally:
+        restore(serving, sim_inventory)
+
+
+def test_stopped_rank_is_started_with_the_group(serving, sim_inventory):
+    """A rank found stopped (nothing else differs) restarts every rank together, the worker first."""
+    head, worker = serving.nodes
+    before = started_at(head)
+    ssh(worker, f"systemctl stop {UNIT}")
+    try:
+        result = server(sim_inventory)
+        assert result.rc == 0, result.failure_messages()
+        assert started_at(head) > before
+        assert started_at(worker) < started_at(head)
+        assert outcomes(result, INSTALL_STEP) == ["runner_on_skipped"] * 2
+        assert_serving(serving)
+    finally:
+        restore(serving, sim_inventory)
 
 
 def test_flag_change_restarts_both_ranks_worker_first(serving, sim_inventory):
@@ -358,7 +413,7 @@ def test_image_mismatch_between_nodes_refused_before_any_rank_starts(serving, si
     assert SAME_IMAGE in failed_at(result)
     assert other in result.failure_messages() and "sglang_server_image_digest" in result.failure_messages()
     # Pulling is how the mismatch is found; nothing after it ran.
-    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {"Pull the SGLang image"}
+    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {READ}
     assert {n.name: started_at(n) for n in serving.nodes} == before
 
 
@@ -369,7 +424,7 @@ def test_amd64_image_refused(serving, sim_inventory, worker_images):
     assert result.rc != 0
     assert failed_at(result) == {ARCH_CHECK}
     assert "linux/amd64" in result.failure_messages() and "arm64" in result.failure_messages()
-    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {"Pull the SGLang image"}
+    assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {READ}
     assert {n.name: started_at(n) for n in serving.nodes} == before
 
 
