@@ -12,12 +12,12 @@ short_description: Read a Spark node's fabric state in one round trip
 description:
   - For the fabric role's internal use (its C(validate.yml)); options and return values may change with
     the role.
-  - Reads, before the role changes anything, what its checks and proofs read: the node's network
+  - Reads, before the role changes anything, what its checks and proofs read (the node's network
     interfaces, whether ufw is active and otherwise the nftables ruleset, every interface's addresses,
     the kernel's route to each peer, full-size pings that may not fragment to each peer (where the
     fabric port is up with carrier), the RDMA devices and the ports behind them, the SSH host keys and
     C(authorized_keys) (on a worker) and the head's fabric key pair and known_hosts (on the head), with
-    the owner and mode of the SSH files the role manages.
+    the owner and mode of the SSH files the role manages).
   - The role reads it again after a change (netplan apply, firewall rules) for the proof.
   - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
     that is missing answers exit 127 (run through C(sh)), which is evidence, not an error.

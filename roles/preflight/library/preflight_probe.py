@@ -18,11 +18,11 @@ description:
     M(ansible.builtin.setup) with C(gather_subset=min), returned as facts.
   - The GPUs, the processes holding them and each process's cgroups (C(nvidia-smi) and
     C(/proc/<pid>/cgroup)), Docker's container runtimes and the full ID of the server's container, the
-    free space where the model directory will land and the bytes already in it: each a command result
+    free space where the model directory will land and the bytes already in it, each a command result
     (C(rc), C(stdout), C(stderr)).
   - C(/proc/meminfo) as M(ansible.builtin.slurp) returns it, and the node's network interfaces as
     M(ansible.builtin.find) returns C(/sys/class/net).
-  - Never fails because of what it finds: a tool that is missing or failing is evidence for a finding
+  - Never fails because of what it finds; a tool that is missing or failing is evidence for a finding
     (a POSIX shell's exit 127 for a command that is not installed), not an error.
 version_added: "1.1.0"
 author: spark-deploy maintainers
@@ -126,7 +126,7 @@ netdevs:
   returned: unless O(disk_only)
   type: dict
   contains:
-    files: {description: One C({path}) per interface., type: list, elements: dict}
+    files: {description: "One C({path}) per interface.", type: list, elements: dict}
     matched: {description: How many., type: int}
 """
 

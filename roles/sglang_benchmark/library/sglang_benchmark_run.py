@@ -13,7 +13,7 @@ description:
   - For the sglang_benchmark role's internal use; options and return values may change with the role.
   - C(mode=calibrate) reads the served model from /v1/models and asks two one-token completions to learn how many
     tokens a word of the filler text makes (from the server's usage), so that prompts get the sizes asked for.
-  - C(mode=level) runs one level: O(concurrency) streams in a closed loop (each sends its next request when its last
+  - C(mode=level) runs one level, O(concurrency) streams in a closed loop (each sends its next request when its last
     one ended) until O(requests) are sent or the wall-clock O(deadline) passes; every content or reasoning delta is
     time-stamped on arrival; writes the raw records to O(out) and returns the level's figures.
   - C(mode=recall) sends one prompt near the context length with facts planted at O(depths) and reports which the
