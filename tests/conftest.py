@@ -32,6 +32,7 @@ import pytest
 
 from tests.harness import cluster as sim
 from tests.lib import node_state
+from tests.lib.playbook import RUN_LOG
 
 # Modules that converge whole clusters, longest first: with parallel workers
 # a long module started last would finish alone while the other worker idles.
@@ -225,12 +226,28 @@ def pytest_terminal_summary(terminalreporter, config):
             entry = json.loads(line)
             cpu[entry["module"]] = entry
         log.unlink()
+    runs: list[dict] = []
+    run_log = Path(f"{RUN_LOG}-{run}.jsonl")
+    if run_log.exists():
+        runs = [json.loads(line) for line in run_log.read_text().splitlines()]
+        run_log.unlink()
+    runs_of: dict[str, list[dict]] = {}
+    for entry in runs:
+        runs_of.setdefault(entry["test"].split("::", 1)[0], []).append(entry)
     ranked = sorted(_module_seconds.items(), key=lambda kv: -kv[1])
-    terminalreporter.write_sep("=", "per module: wall seconds (setup + call + teardown), CPU seconds (controller + nodes)")
+    terminalreporter.write_sep("=", "per module: wall seconds (setup + call + teardown), CPU seconds (controller + nodes), "
+                                    "playbook runs (their controller CPU-s)")
     for module, seconds in ranked[:30]:
         c = cpu.get(module, {})
+        mine = runs_of.get(module, [])
         terminalreporter.write_line(f"{seconds:8.1f}s wall  {c.get('controller', 0):7.1f} + {c.get('nodes', 0):7.1f} CPU-s  "
-                                    f"{module}")
+                                    f"{len(mine):4d} runs ({sum(r['cpu'] for r in mine):6.1f})  {module}")
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s wall  "
                                 f"{sum(c['controller'] for c in cpu.values()):7.1f} + "
-                                f"{sum(c['nodes'] for c in cpu.values()):7.1f} CPU-s  in all modules")
+                                f"{sum(c['nodes'] for c in cpu.values()):7.1f} CPU-s  "
+                                f"{len(runs):4d} runs ({sum(r['cpu'] for r in runs):6.1f})  in all modules")
+    if runs:
+        terminalreporter.write_sep("-", "costliest playbook runs: controller CPU-s, wall s, task results on the nodes")
+        for entry in sorted(runs, key=lambda r: -r["cpu"])[:15]:
+            terminalreporter.write_line(f"{entry['cpu']:7.1f} {entry['wall']:7.1f}s {entry['host_results']:5d}  "
+                                        f"{entry['playbook']}{' --check' if entry['check'] else ''}  {entry['test']}")

@@ -6,10 +6,13 @@ and that no task before it reported a change.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +90,7 @@ def run_playbook(
 ) -> Result:
     """Run `playbook` (a path relative to the repository root) like an operator would."""
     private = Path(tempfile.mkdtemp(prefix="runner-"))
+    started, cpu_before = time.monotonic(), _children_cpu_seconds()
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -116,6 +120,29 @@ def run_playbook(
             timeout=timeout,
         )
         stdout = r.stdout.read() if r.stdout else ""
-        return Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
+        result = Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
+        _log_run(playbook, check, result, time.monotonic() - started, _children_cpu_seconds() - cpu_before)
+        return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+# ---- where CI's budget goes, per playbook run (tests/conftest.py's summary reads it) ----------
+RUN_LOG = Path(tempfile.gettempdir()) / "spark-test-runs"
+
+
+def _children_cpu_seconds() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime
+
+
+def _log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float) -> None:
+    run = os.environ.get("SPARK_TEST_RUN")
+    if not run:
+        return
+    remote = [e for e in result.task_events() if e["event"] != "runner_on_start"
+              and e["event_data"].get("host") not in ("localhost", None)]
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "playbook": playbook,
+            "check": check, "rc": result.rc, "wall": round(wall, 2), "cpu": round(cpu, 2), "host_results": len(remote)}
+    with open(f"{RUN_LOG}-{run}.jsonl", "a") as log:
+        log.write(json.dumps(line) + "\n")
