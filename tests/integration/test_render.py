@@ -55,12 +55,27 @@ def assert_refused_before_any_change(result, out: Path, *fragments: str):
     assert not out.exists() or not any(out.rglob("*")), list(out.rglob("*"))
 
 
+def _ssh_inventory(tmp_path: Path) -> Path:
+    """The example inventory whose hosts say ssh to a closed port on this machine: any connection attempt
+    would be UNREACHABLE at once. Render beats it with a local connection, and renders what it would from
+    the example itself (the connection variables are no input of the rendered files)."""
+    inv, hosts = _inventory_copy(tmp_path)
+    for group in ("spark_head", "spark_workers"):
+        for host_vars in hosts["spark"]["children"][group]["hosts"].values():
+            host_vars.update(ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=1)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return inv
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
+    """The example site rendered twice into one directory (the second run has nothing to change), from an
+    inventory that says ssh (test_render_contacts_no_node_even_when_the_inventory_says_ssh reads the runs)."""
+    inv = _ssh_inventory(tmp_path_factory.mktemp("ssh-inventory"))
     out = tmp_path_factory.mktemp("rendered")
-    first = render(out)
+    first = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
     assert first.rc == 0, first.stdout
-    second = render(out)
+    second = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
     return out, first, second
 
 
@@ -72,17 +87,11 @@ def test_render_writes_three_files_per_host(rendered):
     assert first.failed == []
 
 
-def test_render_contacts_no_node_even_when_the_inventory_says_ssh(tmp_path):
-    inv, hosts = _inventory_copy(tmp_path)
-    for group in ("spark_head", "spark_workers"):
-        for host_vars in hosts["spark"]["children"][group]["hosts"].values():
-            # A closed port on this machine: any connection attempt is UNREACHABLE at once.
-            host_vars.update(ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=1)
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    out = tmp_path / "r"
-    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
-    assert result.rc == 0, result.stdout
-    assert result.task_events("runner_on_unreachable") == []
+def test_render_contacts_no_node_even_when_the_inventory_says_ssh(rendered):
+    # The module's renders come from an inventory whose hosts say ssh to a closed port (_ssh_inventory).
+    out, first, second = rendered
+    assert first.rc == 0, first.stdout
+    assert first.task_events("runner_on_unreachable") == [] and second.task_events("runner_on_unreachable") == []
     assert sorted(p.name for p in out.iterdir()) == sorted(NODES)
 
 
@@ -148,9 +157,17 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
     assert re.search(r"^WantedBy=multi-user.target$", unit, re.M)
 
 
-def test_without_the_supervisor_each_rank_restarts_itself(tmp_path):
-    out = tmp_path / "rendered"
-    result = render(out, {"sglang_supervisor_enabled": False})
+@pytest.fixture(scope="module")
+def unsupervised_unauthenticated(tmp_path_factory):
+    """One render with the supervisor off and no API key: two settings of their own, each read by its
+    test (the restart policy from the unit; the key's absence from the env file and the launcher)."""
+    out = tmp_path_factory.mktemp("unsupervised") / "rendered"
+    result = render(out, {"sglang_supervisor_enabled": False, "sglang_server_allow_unauthenticated": True})
+    return out, result
+
+
+def test_without_the_supervisor_each_rank_restarts_itself(unsupervised_unauthenticated):
+    out, result = unsupervised_unauthenticated
     assert result.rc == 0, result.stdout[-3000:]
     unit = (out / "spark-1" / "sglang.service").read_text()
     assert re.search(r"^Restart=on-failure$", unit, re.M) and re.search(r"^RestartSec=30$", unit, re.M)
@@ -176,9 +193,8 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
     }
 
 
-def test_serving_without_a_key_needs_allow_unauthenticated(tmp_path):
-    out = tmp_path / "rendered"
-    result = render(out, {"sglang_server_allow_unauthenticated": True})
+def test_serving_without_a_key_needs_allow_unauthenticated(unsupervised_unauthenticated):
+    out, result = unsupervised_unauthenticated
     assert result.rc == 0, result.stdout[-3000:]
     env = (out / "spark-0" / "sglang.env").read_text()
     unit = (out / "spark-0" / "sglang.service").read_text()
@@ -206,9 +222,10 @@ def test_check_mode_on_a_current_render_reports_no_change(rendered):
     assert result.changed == []
 
 
-def test_overrides_are_reflected_and_a_change_is_reported(tmp_path):
+def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
+    # The render of the defaults to change: a copy of the module's (modes kept), as a render of its own made it.
     out = tmp_path / "r"
-    assert render(out).rc == 0
+    shutil.copytree(rendered[0], out)
     result = render(out, {
         "sglang_server_flag_overrides": {
             "context-length": 32768,
@@ -294,12 +311,50 @@ GUARD_RAILS = {
 }
 
 
+# The plan judges each host's settings on its own and reports every problem of every host at once, so the
+# guard rails go through ONE render of a four-host site (four ranks: --tp-size 4 divides the 64 attention
+# heads, so the topology is sound), each case on a host with others that touch other flags and other
+# variables; a case is proven by its fragments in its own host's refusal.
+GUARD_RAIL_HOSTS = {
+    "spark-0": ["tool-call-parser glm", "kv cache fp8 with tilelang", "numbers out of range or not numeric",
+                "model dir is a repo id"],
+    "spark-1": ["reasoning-parser missing", "backend change without acknowledgement",
+                "shared experts fusion dropped", "model dir relative"],
+    "spark-2": ["reasoning-parser glm47", "topology flag in overrides", "model dir with metacharacters"],
+    "spark-3": ["typo"],
+}
+
+
+@pytest.fixture(scope="module")
+def guard_rail_render(tmp_path_factory):
+    assert sorted(c for cases in GUARD_RAIL_HOSTS.values() for c in cases) == sorted(GUARD_RAILS)
+    inv, hosts = _inventory_copy(tmp_path_factory.mktemp("guard-rails"))
+    workers = hosts["spark"]["children"]["spark_workers"]["hosts"]
+    for n in (2, 3):
+        workers[f"spark-{n}"] = {"ansible_host": f"10.0.0.1{n}", "spark_fabric_ip": f"192.168.100.1{n}"}
+    every = {**hosts["spark"]["children"]["spark_head"]["hosts"], **workers}
+    for host, cases in GUARD_RAIL_HOSTS.items():
+        overrides = {}
+        for case in cases:
+            settings = dict(GUARD_RAILS[case][0])
+            overrides.update(settings.pop("sglang_server_flag_overrides", {}))
+            every[host].update(settings)
+        if overrides:
+            every[host]["sglang_server_flag_overrides"] = overrides
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = inv.parent / "r"
+    return run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)}), out
+
+
 @pytest.mark.parametrize("case", sorted(GUARD_RAILS))
-def test_guard_rail_refuses_at_validation_before_any_change(tmp_path, case):
-    extravars, fragments = GUARD_RAILS[case]
-    out = tmp_path / "r"
-    result = render(out, extravars)
+def test_guard_rail_refuses_at_validation_before_any_change(guard_rail_render, case):
+    _, fragments = GUARD_RAILS[case]
+    result, out = guard_rail_render
     assert_refused_before_any_change(result, out, *fragments, "Fix:")
+    host = next(h for h, cases in GUARD_RAIL_HOSTS.items() if case in cases)
+    own = "\n".join(str(d["res"].get("msg", "")) for d in result.failed if d["host"] == host)
+    for fragment in (*fragments, "Fix:"):
+        assert fragment in own, f"{fragment!r} not in {host}'s refusal: {own}"
 
 
 def _inventory_copy(tmp_path: Path) -> tuple[Path, dict]:
@@ -323,21 +378,28 @@ def test_one_bad_host_stops_every_host(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    ("mutate", "fragment"),
-    [
-        (lambda h: h["spark"]["children"]["spark_head"]["hosts"].update(
-            {"spark-2": {"ansible_host": "10.0.0.12", "spark_fabric_ip": "192.168.100.12"}}),
-         "spark_head = ['spark-0', 'spark-2']: it must hold exactly one host"),
-        (lambda h: h["spark"]["children"]["spark_workers"]["hosts"]["spark-1"].pop("spark_fabric_ip"),
-         "hostvars['spark-1'].spark_fabric_ip = null"),
-    ],
-    ids=["two heads", "worker without fabric ip"],
-)
-def test_inventory_shape_is_validated(tmp_path, mutate, fragment):
-    inv, hosts = _inventory_copy(tmp_path)
-    mutate(hosts)
+SHAPES = {
+    "two heads": (lambda h: h["spark"]["children"]["spark_head"]["hosts"].update(
+        {"spark-2": {"ansible_host": "10.0.0.12", "spark_fabric_ip": "192.168.100.12"}}),
+        "spark_head = ['spark-0', 'spark-2']: it must hold exactly one host"),
+    "worker without fabric ip": (lambda h: h["spark"]["children"]["spark_workers"]["hosts"]["spark-1"].pop("spark_fabric_ip"),
+                                 "hostvars['spark-1'].spark_fabric_ip = null"),
+}
+
+
+@pytest.fixture(scope="module")
+def misshapen_render(tmp_path_factory):
+    """One render of an inventory with every shape problem of SHAPES: the plan reports them all at once."""
+    inv, hosts = _inventory_copy(tmp_path_factory.mktemp("misshapen"))
+    for mutate, _ in SHAPES.values():
+        mutate(hosts)
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    out = tmp_path / "r"
-    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    out = inv.parent / "r"
+    return run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)}), out
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=["two heads", "worker without fabric ip"])
+def test_inventory_shape_is_validated(misshapen_render, shape):
+    _, fragment = SHAPES[shape]
+    result, out = misshapen_render
     assert_refused_before_any_change(result, out, fragment, "Fix:")
