@@ -170,7 +170,8 @@ def preflight_facts(probes):
     """The registered probe results of one node -> the facts the check table reads.
 
     probes: {facts: {architecture, distribution, distribution_version} (setup),
-             unit: systemd_service result, container: {name, id} of the unit's container (id "" if none),
+             unit: {status: {ActiveState, ControlGroup}} (the probe module's, in systemd_service's shape),
+             container: {name, id} of the unit's container (id "" if none),
              gpu, docker, disk: command results, meminfo: slurp result, netdevs: find result,
              links: {interface: {up, carrier, operstate}} of the fabric ports,
              peer_links: {peer host of this run: its links}}

@@ -37,6 +37,13 @@ options:
     description: Name of the server's container, whose full ID ties a rank's processes to the unit.
     type: str
     default: ""
+  server_unit:
+    description:
+      - The server's systemd unit, whose state and cgroup are read first (before the GPU processes), as
+        C(unit.status) with the properties C(ActiveState) and C(ControlGroup) only (the unit's other
+        properties include its command line, which may carry a secret). Empty - not read.
+    type: str
+    default: ""
   list_netdevs:
     description: List the node's network interfaces (only needed when fabric interfaces are checked).
     type: bool
@@ -77,6 +84,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+unit:
+  description: The server unit's C(ActiveState) and C(ControlGroup) under C(status), empty when systemd cannot say.
+  returned: when server_unit is given
+  type: dict
 links:
   description:
     - Each interface of O(links) that exists, C({up, carrier, operstate}) from C(/sys/class/net/<name>)
@@ -190,6 +201,14 @@ def _slurp(path):
         return {"content": base64.b64encode(f.read()).decode("ascii"), "encoding": "base64", "source": path}
 
 
+def _unit(module, name):
+    """ActiveState and ControlGroup of a unit, in the shape of ansible.builtin.systemd_service's status."""
+    rc, out, _err = module.run_command(["systemctl", "show", "--property=ActiveState,ControlGroup", "--", name])
+    if rc != 0:
+        return {"status": {}}
+    return {"status": dict(line.split("=", 1) for line in out.splitlines() if "=" in line)}
+
+
 def _netdevs():
     files = [{"path": os.path.join(NETDEVS, name)} for name in sorted(os.listdir(NETDEVS))]
     return {"files": files, "matched": len(files), "examined": len(files)}
@@ -226,6 +245,7 @@ def main():
         argument_spec={
             "model_dir": {"type": "path", "required": True},
             "server_container": {"type": "str", "default": ""},
+            "server_unit": {"type": "str", "default": ""},
             "list_netdevs": {"type": "bool", "default": False},
             "links": {"type": "list", "elements": "str", "default": []},
             "disk_only": {"type": "bool", "default": False},
@@ -235,11 +255,14 @@ def main():
     p = module.params
     if p["disk_only"]:
         module.exit_json(changed=False, disk=_sh(module, "preflight-disk", DISK, p["model_dir"]))
+    # The unit before the GPU processes: a rank found holding a GPU belongs to a unit seen active.
+    unit = _unit(module, p["server_unit"]) if p["server_unit"] else {"status": {}}
     facts = PlatformFactCollector().collect(module=module)
     facts.update(DistributionFactCollector().collect(module=module, collected_facts=facts))
     module.exit_json(
         changed=False,
         ansible_facts=facts,
+        unit=unit,
         gpu=_sh(module, "preflight-gpu", GPU),
         docker=_sh(module, "preflight-docker", DOCKER, "{{json .Runtimes}}", "{{.Id}}", p["server_container"]),
         meminfo=_slurp("/proc/meminfo"),
