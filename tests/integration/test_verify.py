@@ -29,6 +29,7 @@ LOOPBACK = "127.0.0.1"
 API_KEY = "sk-VerifyPlant3dKey0123456789abcdef"  # noqa: S105 - planted on purpose
 # The seed without its parsers: each test names the parsers it serves with.
 SEED_FLAGS = seed_args(without=("--reasoning-parser", "--tool-call-parser"))
+GOOD = ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"]
 
 
 def free_port() -> int:
@@ -53,19 +54,22 @@ def wait_for(port, proc, headers=None, timeout=60):
     raise RuntimeError("stand-in did not answer")
 
 
-@pytest.fixture
-def serve(tmp_path):
-    procs = []
-    model = tmp_path / "models" / "glm53"
-    model.mkdir(parents=True)
-    (model / "processor_config.json").write_text("{}")
+class StandIns:
+    """Stand-in servers started under ``base``, each with what a test serves with; ``stop`` ends them."""
 
-    def start(flags=(), knobs=None, api_key=""):
+    def __init__(self, base: Path):
+        self.base = base
+        self.procs: list[subprocess.Popen] = []
+        self.model = base / "models" / "glm53"
+        self.model.mkdir(parents=True)
+        (self.model / "processor_config.json").write_text("{}")
+
+    def start(self, flags=(), knobs=None, api_key=""):
         port = free_port()
-        root = tmp_path / f"root{port}"
+        root = self.base / f"root{port}"
         (root / "etc/spark-sim").mkdir(parents=True)
         (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1, **(knobs or {})}}))
-        cmd = [sys.executable, str(SERVER), "--model-path", str(model), "--tp-size", "1", "--host", LOOPBACK,
+        cmd = [sys.executable, str(SERVER), "--model-path", str(self.model), "--tp-size", "1", "--host", LOOPBACK,
                "--port", str(port), *SEED_FLAGS, *flags]
         if api_key:
             cmd += ["--api-key", api_key]
@@ -73,19 +77,25 @@ def serve(tmp_path):
                                 env={"SPARK_SIM_ROOT": str(root), "PATH": "/usr/bin:/bin",
                                      # what docker run --gpus all gives the container
                                      "NVIDIA_VISIBLE_DEVICES": "all"})
-        procs.append(proc)
+        self.procs.append(proc)
         wait_for(port, proc)
         return port
 
-    yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
+    def stop(self):
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture
-def local_inventory(tmp_path):
-    inv = tmp_path / "inventory.json"
+def serve(tmp_path):
+    servers = StandIns(tmp_path)
+    yield servers.start
+    servers.stop()
+
+
+def write_inventory(directory: Path) -> Path:
+    inv = directory / "inventory.json"
     inv.write_text(json.dumps({
         "spark": {
             "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
@@ -98,6 +108,28 @@ def local_inventory(tmp_path):
         }
     }))
     return inv
+
+
+@pytest.fixture
+def local_inventory(tmp_path):
+    return write_inventory(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    """A good server (both parsers, no key) verified once, the report under the default timestamped name in
+    a report directory: test_a_good_server_passes_every_check and
+    test_default_report_path_is_timestamped_under_the_report_dir read the same run."""
+    base = tmp_path_factory.mktemp("good")
+    servers = StandIns(base)
+    try:
+        port = servers.start(flags=GOOD)
+        result = run_playbook("playbooks/verify.yml", write_inventory(base), extravars={
+            "sglang_verify_port": port, "sglang_verify_report_dir": str(base / "reports"),
+            "sglang_server_allow_unauthenticated": True})
+    finally:
+        servers.stop()
+    return result, base / "reports"
 
 
 def verify(inventory, port, tmp_path, **extravars):
@@ -114,10 +146,12 @@ def checks(report):
     return {c["name"]: c for c in report["checks"]}
 
 
-def test_a_good_server_passes_every_check(serve, local_inventory, tmp_path):
-    port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"])
-    result, report = verify(local_inventory, port, tmp_path)
+def test_a_good_server_passes_every_check(good_run):
+    result, reports = good_run
     assert result.rc == 0, result.stdout[-3000:]
+    written = list(reports.glob("verify-*.json"))
+    assert len(written) == 1, (written, result.stdout[-3000:])
+    report = json.loads(written[0].read_text())
     assert report["ok"] is True
     assert all(c["ok"] for c in report["checks"]), report["checks"]
     table = "\n".join(result.results("Show the verification table")["spark-0"]["msg"])
@@ -193,8 +227,6 @@ def test_a_server_that_checks_no_key_fails_the_auth_check(serve, local_inventory
     assert all(checks(report)[name]["ok"] for name in ("models", "reasoning", "tool_call", "sanity"))
 
 
-GOOD = ["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"]
-
 
 @pytest.mark.parametrize("case", [
     ("fffd", GOOD + ["--kv-cache-dtype", "fp8_e4m3"], None, "sanity", "corruption symptom"),
@@ -220,11 +252,9 @@ def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):
     assert "not reachable" in checks(report)["models"]["diagnosis"]
 
 
-def test_default_report_path_is_timestamped_under_the_report_dir(serve, local_inventory, tmp_path):
-    port = serve(flags=GOOD)
-    result = run_playbook("playbooks/verify.yml", local_inventory, extravars={
-        "sglang_verify_port": port, "sglang_verify_report_dir": str(tmp_path / "reports"),
-        "sglang_server_allow_unauthenticated": True})
+def test_default_report_path_is_timestamped_under_the_report_dir(good_run):
+    # good_run gives verify a report directory and no report path.
+    result, reports = good_run
     assert result.rc == 0, result.stdout[-3000:]
-    reports = list(Path(tmp_path / "reports").glob("verify-*.json"))
-    assert len(reports) == 1 and json.loads(reports[0].read_text())["ok"] is True
+    written = list(reports.glob("verify-*.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text())["ok"] is True
