@@ -12,8 +12,9 @@ removed by another tool is loaded again; check mode shows the rules it would add
 nothing; a power cycle loads the rules at boot, before the rank, the group forms again under them,
 and a second run changes nothing.
 Bad input is refused before any node is contacted, through render.yml and site.yml (the hosts use
-the `no_contact` connection, so a run that tried to reach a node would say so), and on the node
-before any change where the controller could not tell.
+the `no_contact` connection, so a run that tried to reach a node would say so; one run of each with
+every bad setting, since the plans report all of them at once), and on the node before any change
+where the controller could not tell.
 
 A dropped connection is a connect that times out (no answer at all), told apart from a closed port
 (refused) and proven to be the firewall: the port listens, and the same client reaches SSH.
@@ -270,10 +271,12 @@ def test_check_mode_shows_the_rules_it_would_add_and_changes_nothing(site):
     assert ask(site, site.outside) == DROPPED
 
 
-def no_contact_inventory(tmp_path: Path, cluster) -> Path:
-    """The pair's addresses, reached by nothing: a play that tried would fail with "no_contact"."""
+def no_contact_inventory(tmp_path: Path, cluster, host_vars: dict | None = None) -> Path:
+    """The pair's addresses, reached by nothing: a play that tried would fail with "no_contact".
+    `host_vars`: more variables of a host, by its name."""
     def host(n):
-        return {"ansible_host": n.mgmt_ip, "spark_fabric_ip": n.fabric_ip, "ansible_connection": "no_contact"}
+        return {"ansible_host": n.mgmt_ip, "spark_fabric_ip": n.fabric_ip, "ansible_connection": "no_contact",
+                **(host_vars or {}).get(n.name, {})}
 
     head, worker = cluster.nodes
     inv = tmp_path / "inventory"
@@ -285,38 +288,68 @@ def no_contact_inventory(tmp_path: Path, cluster) -> Path:
     return inv
 
 
-# (id, extra vars, what the refusal says); {bridge} and {subnet} are the pair's.
+# (id, where the setting goes, the setting, what the refusal says); {bridge}, {head}, {subnet} and {upper}
+# are the pair's. The plans report every bad setting of every host at once, so one run of each playbook holds
+# all three: each where its check looks (the allowed clients are each host's own, the HTTP port and the
+# dist-init port the head's) and where no other case's error ends that host's plan first (a range that does
+# not parse ends it before the controller's checks): the range that does not parse on the worker, the range
+# that excludes the controller on the head, the dist-init port for the whole run.
 BAD = [
-    ("cidr-does-not-parse", {"sglang_server_allowed_clients": ["{subnet}", "10.231.0.0/33"]},
+    ("cidr-does-not-parse", "worker", {"sglang_server_allowed_clients": ["{subnet}", "10.231.0.0/33"]},
      "sglang_server_allowed_clients[1] = '10.231.0.0/33': does not parse as an IPv4 or IPv6 network"),
-    ("range-excludes-the-controller", {"sglang_server_allowed_clients": ["{upper}"]},
+    ("range-excludes-the-controller", "head", {"sglang_server_allowed_clients": ["{upper}"]},
      "sglang_server_allowed_clients = ['{upper}']: excludes the controller ({bridge}: the source address of the "
      "controller's route to spark-0"),
-    ("rules-cut-the-controllers-ssh", {"sglang_server_dist_init_port": 22},
+    ("rules-cut-the-controllers-ssh", "run", {"sglang_server_dist_init_port": 22},
      "ansible_port = 22: the controller's SSH to spark-0 ({head} port 22, from {bridge}: the source address of the "
      "controller's route"),
 ]
 
 
-@pytest.mark.parametrize("playbook", ["playbooks/render.yml", "site.yml"])
-@pytest.mark.parametrize("case", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
-def test_bad_input_is_refused_before_any_contact(sim_cluster, tmp_path, playbook, case):
-    extravars, fragment = case
-    names = {"bridge": sim_cluster.bridge_ip, "head": sim_cluster.nodes[0].mgmt_ip, "subnet": subnet(sim_cluster),
-             "upper": str(list(ipaddress.ip_network(subnet(sim_cluster)).subnets(new_prefix=25))[1])}
-    text = json.dumps(extravars)
+def pair_names(cluster) -> dict[str, str]:
+    return {"bridge": cluster.bridge_ip, "head": cluster.nodes[0].mgmt_ip, "subnet": subnet(cluster),
+            "upper": str(list(ipaddress.ip_network(subnet(cluster)).subnets(new_prefix=25))[1])}
+
+
+def with_names(settings: dict, names: dict[str, str]) -> dict:
+    text = json.dumps(settings)
     for name, value in names.items():
         text = text.replace("{" + name + "}", value)
-    extravars = json.loads(text)
-    out = tmp_path / "rendered"
-    result = run_playbook(playbook, no_contact_inventory(tmp_path, sim_cluster), envvars=NO_CONTACT,
-                          extravars={"sglang_server_render_dir": str(out), **extravars})
+    return json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def refused(sim_cluster, tmp_path_factory):
+    """playbook -> (its one run with every bad case of BAD, the render directory it was given), run on first use."""
+    runs = {}
+
+    def run(playbook):
+        if playbook not in runs:
+            names = pair_names(sim_cluster)
+            head, worker = (n.name for n in sim_cluster.nodes)
+            placed = {"head": {}, "worker": {}, "run": {}}
+            for _id, where, settings, _fragment in BAD:
+                placed[where].update(with_names(settings, names))
+            tmp = tmp_path_factory.mktemp("refused")
+            out = tmp / "rendered"
+            inv = no_contact_inventory(tmp, sim_cluster, {head: placed["head"], worker: placed["worker"]})
+            runs[playbook] = (run_playbook(playbook, inv, envvars=NO_CONTACT,
+                                           extravars={"sglang_server_render_dir": str(out), **placed["run"]}), out)
+        return runs[playbook]
+
+    return run
+
+
+@pytest.mark.parametrize("playbook", ["playbooks/render.yml", "site.yml"])
+@pytest.mark.parametrize("fragment", [case[3] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_input_is_refused_before_any_contact(sim_cluster, refused, playbook, fragment):
+    result, out = refused(playbook)
     assert result.rc != 0, result.stdout[-3000:]
     assert failed_at(result) == {REFUSED}, result.stdout[-3000:]
     assert result.changed == []
     assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
     message = result.failure_messages()
-    assert fragment.format(**names) in message and "Fix:" in message, message
+    assert fragment.format(**pair_names(sim_cluster)) in message and "Fix:" in message, message
     assert not out.exists()
 
 
