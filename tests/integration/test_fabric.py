@@ -2,6 +2,13 @@
 
 The nodes' fabric port starts at MTU 1500 without an address. Observations go
 over SSH (the harness key, or testinfra with the inventory), never nsenter.
+
+What a run costs is paid once where one run proves several tests' points: the refusals share runs
+(the inventory check and the role's input check each report every problem of every host at once, so
+one run carries several bad settings, each test asserting its own message in it), and the tests on a
+configured pair converge only when no earlier test left the pair proven converged (a run with nothing
+changed) - a test clears that before it changes a node by hand. The tests that break the link by hand
+come last.
 """
 
 from __future__ import annotations
@@ -55,18 +62,42 @@ def reset_fabric(cluster) -> None:
                    "&& rm -f /root/.ssh/known_hosts && (nft flush ruleset || true)")
 
 
-@pytest.fixture
-def fresh(sim_cluster):
-    """Nodes without any fabric configuration, whatever ran before."""
+# Set when the last fabric run left the pair converged (rc 0, nothing changed) and nothing was changed by hand
+# since; cleared by a test before it changes a node. `configured` converges only when it is unset.
+_pair = {"converged": False}
+
+
+def proven_converged(result) -> None:
+    """Record that `result` (a run whose rc and changes its test asserted) left the pair converged."""
+    _pair["converged"] = result.rc == 0 and result.changed == []
+
+
+def changing_by_hand() -> None:
+    """A test is about to change a node's fabric state: the next `configured` converges again."""
+    _pair["converged"] = False
+
+
+@pytest.fixture(scope="module")
+def delivered(sim_cluster):
+    """Nodes without any fabric configuration (a freshly booted pair holds none; the reset makes sure)."""
+    changing_by_hand()
     reset_fabric(sim_cluster)
     return sim_cluster
 
 
 @pytest.fixture
+def fresh(delivered):
+    """Nodes without any fabric configuration: the refusals leave them so (each test checks it)."""
+    return delivered
+
+
+@pytest.fixture
 def configured(sim_cluster, sim_inventory):
-    """Nodes with the fabric configured (a no-op run when an earlier test left them so)."""
-    result = run_playbook(PLAYBOOK, sim_inventory)
-    assert result.rc == 0, result.failure_messages()
+    """Nodes with the fabric configured: a converge unless an earlier test left them proven so."""
+    if not _pair["converged"]:
+        result = run_playbook(PLAYBOOK, sim_inventory)
+        assert result.rc == 0, result.failure_messages()
+        proven_converged(result)
     return sim_cluster
 
 
@@ -80,7 +111,7 @@ def untouched(cluster) -> None:
 def inventory_variant(sim_cluster, tmp_path, edit) -> Path:
     """A copy of the harness inventory with `edit(inventory_dict)` applied."""
     inv = tmp_path / "inventory"
-    inv.mkdir()
+    inv.mkdir(parents=True)
     data = json.loads((sim_cluster.inventory / "hosts.json").read_text())
     edit(data["spark"])
     (inv / "hosts.json").write_text(json.dumps(data))
@@ -100,39 +131,77 @@ def assert_refused(result, cluster, *fragments, by="Check "):
     untouched(cluster)
 
 
-def test_refuses_duplicate_fabric_addresses(fresh, sim_inventory):
-    dup = fresh.nodes[0].fabric_ip
-    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"spark_fabric_ip": dup})
-    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1", "Fix:", by=PLAN)
-
-
-def test_refuses_address_off_the_common_subnet(fresh, sim_inventory, tmp_path):
-    def edit(spark):
-        spark["children"]["spark_workers"]["hosts"]["spark-1"]["spark_fabric_ip"] = "10.233.77.11"
-
-    result = run_playbook(PLAYBOOK, inventory_variant(fresh, tmp_path, edit))
-    assert_refused(result, fresh, "shares no subnet with", "spark-1 (10.233.77.11/24)")
-
-
-@pytest.mark.parametrize("heads", [[], ["spark-0", "spark-1"]], ids=["no-head", "two-heads"])
-def test_refuses_anything_but_one_head(fresh, sim_inventory, tmp_path, heads):
+def one_head_layout(heads):
+    """An inventory edit that puts `heads` in spark_head and every other host in spark_workers."""
     def edit(spark):
         hosts = {**spark["children"]["spark_head"]["hosts"], **spark["children"]["spark_workers"]["hosts"]}
         spark["children"]["spark_head"]["hosts"] = {h: hosts[h] for h in heads}
         spark["children"]["spark_workers"]["hosts"] = {h: v for h, v in hosts.items() if h not in heads}
 
-    result = run_playbook(PLAYBOOK, inventory_variant(fresh, tmp_path, edit))
+    return edit
+
+
+def bad_fabric_input(spark):
+    """Every input the role's own check refuses, spread over the hosts: the check reports all of them at once."""
+    head = spark["children"]["spark_head"]["hosts"]["spark-0"]
+    worker = spark["children"]["spark_workers"]["hosts"]["spark-1"]
+    head.update(spark_fabric_interface="enp1s0f0np0", fabric_mtu=9300)  # no such port; MTU too high
+    worker.update(spark_fabric_ip="10.233.77.11", fabric_mtu=1000)  # off the head's subnet; MTU too low
+
+
+@pytest.fixture(scope="module")
+def refusal(delivered, sim_inventory, tmp_path_factory):
+    """`refusal(name)`: the run of fabric.yml that refuses `name`'s bad input, run once for every test it proves.
+
+    - "no-head": the inventory check (the server role's plan) refuses all topology problems of all hosts at
+      once: no head, and both hosts given one fabric address (`-e spark_fabric_ip`).
+    - "two-heads": the other head layout it refuses (one inventory holds one layout).
+    - "input": the role's input check, one message per host naming every bad setting of that host: the head
+      with a port it does not have and MTU 9300, the worker off the common subnet with MTU 1000.
+    """
+    runs = {}
+
+    def run(name):
+        if name not in runs:
+            where = tmp_path_factory.mktemp(name)
+            if name == "no-head":
+                runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where, one_head_layout([])),
+                                          extravars={"spark_fabric_ip": delivered.nodes[0].fabric_ip})
+            elif name == "two-heads":
+                runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where,
+                                                                      one_head_layout(["spark-0", "spark-1"])))
+            else:
+                runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where, bad_fabric_input))
+        return runs[name]
+
+    return run
+
+
+def test_refuses_duplicate_fabric_addresses(fresh, refusal):
+    dup = fresh.nodes[0].fabric_ip
+    result = refusal("no-head")  # with -e spark_fabric_ip={dup}
+    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1", "Fix:", by=PLAN)
+
+
+def test_refuses_address_off_the_common_subnet(fresh, refusal):
+    result = refusal("input")  # spark-1 at 10.233.77.11
+    assert_refused(result, fresh, "shares no subnet with", "spark-1 (10.233.77.11/24)")
+
+
+@pytest.mark.parametrize("heads", [[], ["spark-0", "spark-1"]], ids=["no-head", "two-heads"])
+def test_refuses_anything_but_one_head(fresh, refusal, heads):
+    result = refusal("two-heads" if heads else "no-head")
     assert_refused(result, fresh, f"inventory group spark_head = {heads}: it must hold exactly one host", "Fix:", by=PLAN)
 
 
-def test_refuses_missing_interface(fresh, sim_inventory):
-    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"spark_fabric_interface": "enp1s0f0np0"})
+def test_refuses_missing_interface(fresh, refusal):
+    result = refusal("input")  # spark-0's spark_fabric_interface is enp1s0f0np0
     assert_refused(result, fresh, "fabric_interface (spark_fabric_interface) is enp1s0f0np0", f"it has {IFACE}, enP7s7, lo")
 
 
 @pytest.mark.parametrize("mtu", [9300, 1000])
-def test_refuses_mtu_out_of_range(fresh, sim_inventory, mtu):
-    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_mtu": mtu})
+def test_refuses_mtu_out_of_range(fresh, refusal, mtu):
+    result = refusal("input")  # fabric_mtu 9300 on spark-0, 1000 on spark-1
     assert_refused(result, fresh, f"fabric_mtu is {mtu}", "1500 to 9216")
 
 
@@ -143,6 +212,7 @@ def test_refuses_mtu_that_is_no_number(fresh, sim_inventory):
 
 
 def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
+    changing_by_hand()
     untouched(fresh)
     check = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
     assert check.rc == 0, check.failure_messages()
@@ -182,6 +252,7 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     again = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
     assert again.rc == 0, again.failure_messages()
     assert again.changed == []
+    proven_converged(asked)
 
 
 @pytest.fixture
@@ -235,6 +306,7 @@ def test_a_missing_piece_of_the_ssh_trust_is_put_back(configured, sim_inventory)
     """The probes read the trust on both ends: a worker's authorized_keys entry gone, then the head's pin of the
     worker's host key gone, are each found, put back and proven; the run after changes nothing."""
     head, worker = configured.nodes
+    changing_by_hand()
     for damage, node, task in (
         ("sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys", worker,
          "Accept the head's fabric key on the worker, from the head's fabric address only"),
@@ -251,6 +323,7 @@ def test_a_missing_piece_of_the_ssh_trust_is_put_back(configured, sim_inventory)
     again = run_playbook(PLAYBOOK, sim_inventory)
     assert again.rc == 0 and again.changed == []
     assert skipped(again, TRUST_INCLUDE) == {"spark-0", "spark-1"}
+    proven_converged(again)
 
 
 DRIFT_TASK = "Report the fabric port's drift from the configuration, and repair it"
@@ -262,10 +335,15 @@ def port(n) -> dict:
             "addresses": [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]}
 
 
+# The drift test's last run, a no-change run on the converged pair: the next test reads it instead of making it again.
+_no_change_run: dict = {}
+
+
 def test_mtu_and_link_drift_are_repaired_and_reported(configured, sim_inventory):
     """The file is unchanged, the live port is not: the MTU set back by hand on one node, the link set down on the
     other (its peer loses the carrier, networkd drops the address). fabric.yml reports and repairs both."""
     head, worker = configured.nodes
+    changing_by_hand()
     sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
     sim.ssh(head, f"ip link set {IFACE} down")
     result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
@@ -279,42 +357,22 @@ def test_mtu_and_link_drift_are_repaired_and_reported(configured, sim_inventory)
         assert port(n) == {"up": True, "carrier": True, "mtu": 9000, "addresses": [f"{n.fabric_ip}/24"]}, n.name
     again = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
     assert again.rc == 0 and again.changed == []
+    proven_converged(again)
+    _no_change_run["result"] = again
 
 
-def test_what_a_run_cannot_repair_is_named_by_its_cause(configured, sim_inventory):
-    """--limit leaves the worker out: its MTU, then its port set down, are the peer's faults, named as such."""
-    head, worker = configured.nodes
-    sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
-    try:
-        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
-        assert result.rc != 0 and result.changed == []
-        message = messages(result)
-        assert "answers small pings but not 8972-byte ones" in message, message
-        assert f"Cause: peer MTU - {worker.name} (outside this run) runs a smaller MTU than 9000" in message
-        sim.ssh(worker, f"ip link set {IFACE} down")
-        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
-        assert result.rc != 0
-        message = messages(result)
-        assert f"{head.name}: {IFACE} is up with NO CARRIER" in message, message
-        assert f"no carrier: the peer {worker.name} (outside this run) is off, or its port is down" in message
-        assert "another renderer" not in message and "CAP_NET_ADMIN" not in message
-    finally:
-        # Back together (networkd puts the addresses back with the carrier); the next test's run proves it.
-        sim.ssh(worker, f"ip link set {IFACE} up mtu 9000")
-
-
-def test_proof_names_the_same_subnet_on_two_interfaces(configured, sim_inventory):
-    worker = configured.nodes[1]
-    twin = configured.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".100"  # .0/25 holds both nodes
-    # A second, more specific route for the fabric subnet on the management port: the classic TP=2 hang.
-    sim.ssh(worker, f"ip addr add {twin}/25 dev enP7s7")
-    try:
-        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_ssh_trust": False})
-        assert result.rc != 0
-        message = messages(result)
-        assert "leaves via enP7s7" in message and "same subnet on two interfaces" in message, message
-    finally:
-        sim.ssh(worker, f"ip addr del {twin}/25 dev enP7s7")
+def test_no_active_firewall_is_left_alone(configured, sim_inventory):
+    # The run the drift test just made on the converged pair is this very run (same inventory and variables, no
+    # firewall on either node since): it is read here rather than made again.
+    result = _no_change_run.pop("result", None) or run_playbook(PLAYBOOK, sim_inventory,
+                                                                 extravars={"fabric_iperf_min_gbps": 0})
+    assert result.rc == 0, result.failure_messages()
+    assert result.changed == []
+    # The probe read no dropping chain: the firewall's tasks are not even included.
+    assert skipped(result, "Let the peers through an active host firewall") == {"spark-0", "spark-1"}
+    assert result.results("Accept the peers' fabric addresses on the fabric interface in nftables") == {}
+    for n in configured.nodes:
+        assert sim.ssh(n, "nft list ruleset").strip() == ""
 
 
 def test_active_nftables_firewall_opens_only_the_fabric_to_peers(configured, sim_inventory):
@@ -322,6 +380,7 @@ def test_active_nftables_firewall_opens_only_the_fabric_to_peers(configured, sim
         "table inet filter { chain input { type filter hook input priority 0; policy drop; "
         "ct state established,related accept; iifname lo accept; iifname enP7s7 tcp dport 22 accept; }; }"
     )
+    changing_by_hand()
     for n in configured.nodes:
         sim.ssh(n, f"nft '{ruleset}'")
     try:
@@ -337,14 +396,45 @@ def test_active_nftables_firewall_opens_only_the_fabric_to_peers(configured, sim
     finally:
         for n in configured.nodes:
             sim.ssh(n, "nft flush ruleset")
+    # The ruleset is empty again, as before the test: the fabric as converged, without a firewall to open.
+    proven_converged(again)
 
 
-def test_no_active_firewall_is_left_alone(configured, sim_inventory):
-    result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
-    assert result.rc == 0, result.failure_messages()
-    assert result.changed == []
-    # The probe read no dropping chain: the firewall's tasks are not even included.
-    assert skipped(result, "Let the peers through an active host firewall") == {"spark-0", "spark-1"}
-    assert result.results("Accept the peers' fabric addresses on the fabric interface in nftables") == {}
-    for n in configured.nodes:
-        assert sim.ssh(n, "nft list ruleset").strip() == ""
+def test_proof_names_the_same_subnet_on_two_interfaces(configured, sim_inventory):
+    worker = configured.nodes[1]
+    twin = configured.nodes[1].fabric_ip.rsplit(".", 1)[0] + ".100"  # .0/25 holds both nodes
+    # A second, more specific route for the fabric subnet on the management port: the classic TP=2 hang.
+    changing_by_hand()
+    sim.ssh(worker, f"ip addr add {twin}/25 dev enP7s7")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_ssh_trust": False})
+        assert result.rc != 0
+        message = messages(result)
+        assert "leaves via enP7s7" in message and "same subnet on two interfaces" in message, message
+    finally:
+        sim.ssh(worker, f"ip addr del {twin}/25 dev enP7s7")
+    # The refused run changed nothing and the planted address is gone: still the converged pair.
+    _pair["converged"] = result.changed == []
+
+
+def test_what_a_run_cannot_repair_is_named_by_its_cause(configured, sim_inventory):
+    """--limit leaves the worker out: its MTU, then its port set down, are the peer's faults, named as such."""
+    head, worker = configured.nodes
+    changing_by_hand()
+    sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc != 0 and result.changed == []
+        message = messages(result)
+        assert "answers small pings but not 8972-byte ones" in message, message
+        assert f"Cause: peer MTU - {worker.name} (outside this run) runs a smaller MTU than 9000" in message
+        sim.ssh(worker, f"ip link set {IFACE} down")
+        result = run_playbook(PLAYBOOK, sim_inventory, limit=head.name, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc != 0
+        message = messages(result)
+        assert f"{head.name}: {IFACE} is up with NO CARRIER" in message, message
+        assert f"no carrier: the peer {worker.name} (outside this run) is off, or its port is down" in message
+        assert "another renderer" not in message and "CAP_NET_ADMIN" not in message
+    finally:
+        # Back together (networkd puts the addresses back with the carrier); a later `configured` converges.
+        sim.ssh(worker, f"ip link set {IFACE} up mtu 9000")
