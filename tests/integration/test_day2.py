@@ -2,7 +2,10 @@
 
 The stand-ins (docker CLI, SGLang server) run the real unit; the playbooks
 reach the nodes over SSH like on DGX OS. The tests run in file order on one
-deployment: status, doctor, verify, a restart under --limit, stop.
+deployment: status, verify, doctor, a restart under --limit, stop. The restart
+under --limit runs once (module fixture `restarted_under_limit`) and feeds two
+tests: restart.yml ends with verify.yml's role (sglang_verify), whose JSON report
+the verify test reads, so the group is not asked the verify questions twice.
 """
 
 from __future__ import annotations
@@ -64,9 +67,21 @@ def test_status_has_one_line_per_node(deployed):
     assert not result.changed
 
 
-def test_verify_passes_on_the_deployed_group(deployed, tmp_path):
-    report = tmp_path / "verify.json"
-    result = run_playbook("playbooks/verify.yml", deployed.inventory, extravars={"sglang_verify_report_path": str(report)})
+@pytest.fixture(scope="module")
+def restarted_under_limit(deployed, tmp_path_factory):
+    """restart.yml --limit the worker, run once: (start times before it, its result, its verify report)."""
+    head, worker = deployed.nodes
+    before = unit_times(head)[1], unit_times(worker)[1]
+    report = tmp_path_factory.mktemp("verify") / "verify.json"
+    result = run_playbook("playbooks/restart.yml", deployed.inventory, limit=worker.name,
+                          extravars={"sglang_server_readiness_timeout": READINESS,
+                                     "sglang_verify_report_path": str(report)})
+    return before, result, report
+
+
+def test_verify_passes_on_the_deployed_group(deployed, restarted_under_limit):
+    # The verify step of the restart run (sglang_verify, as in verify.yml) wrote the report.
+    _, result, report = restarted_under_limit
     assert result.rc == 0, result.stdout[-3000:]
     data = json.loads(report.read_text())
     # Secure by default: the generated key is sent, and no key or a wrong one gets 401 (the auth row).
@@ -91,12 +106,10 @@ def test_doctor_reads_the_flags_from_the_running_unit(deployed, tmp_path):
     assert log_ids & {f["id"] for f in found} == set(), found
 
 
-def test_restart_under_limit_restarts_every_rank_head_stopped_first_workers_started_first(deployed):
+def test_restart_under_limit_restarts_every_rank_head_stopped_first_workers_started_first(deployed, restarted_under_limit):
     """--limit names one rank; the TP group still restarts whole (the others by delegation)."""
     head, worker = deployed.nodes
-    before = unit_times(head)[1], unit_times(worker)[1]
-    result = run_playbook("playbooks/restart.yml", deployed.inventory, limit=worker.name,
-                          extravars={"sglang_server_readiness_timeout": READINESS})
+    before, result, _ = restarted_under_limit
     assert result.rc == 0, result.stdout[-4000:]
     h_stop, h_start, h_state = unit_times(head)
     w_stop, w_start, w_state = unit_times(worker)
