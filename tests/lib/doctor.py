@@ -4,6 +4,7 @@ output, and waiting on the rank units of simulated nodes (every wait ends on the
 from __future__ import annotations
 
 import json
+import shlex
 import tarfile
 import time
 from pathlib import Path
@@ -64,24 +65,29 @@ def unit_state(n):
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def wait_on_node(n, condition: str, timeout: float, what) -> None:
+    """Until `condition` (a shell test) holds on the node: one ssh, the loop runs there (no ssh per look).
+    `what()` says what never happened."""
+    seconds = max(1, int(timeout + 0.999))
+    out = sim.ssh(n, f"end=$((SECONDS + {seconds})); until {condition}; do [ $SECONDS -lt $end ] || "
+                     "{ echo timeout; exit 0; }; sleep 0.2; done; echo ok", check=False, timeout=seconds + 60)
+    assert out.split()[-1:] == ["ok"], what()
+
+
 def wait_down(cluster, *names, timeout=90):
     """Until each rank's main process has exited (failed, waiting to restart, or inactive)."""
     deadline = time.monotonic() + timeout
     for name in names:
-        while True:
-            state = unit_state(node(cluster, name))
-            if state["ActiveState"] in ("failed", "inactive") or state["SubState"] == "auto-restart":
-                break
-            assert time.monotonic() < deadline, f"{name}: {UNIT} still {state}"
-            time.sleep(0.3)
+        n = node(cluster, name)
+        wait_on_node(n, f"systemctl show {UNIT} -p ActiveState,SubState | grep -qxE "
+                         "'ActiveState=(failed|inactive)|SubState=auto-restart'",
+                      deadline - time.monotonic(), lambda n=n, name=name: f"{name}: {UNIT} still {unit_state(n)}")
 
 
 def wait_journal(cluster, name, text, timeout=60):
     """Until the rank's journal holds `text`."""
-    deadline = time.monotonic() + timeout
-    while text not in sh(node(cluster, name), f"journalctl -u {UNIT} -o cat --no-pager", check=False):
-        assert time.monotonic() < deadline, f"{name}: {text!r} never in the journal"
-        time.sleep(0.3)
+    wait_on_node(node(cluster, name), f"journalctl -u {UNIT} -o cat --no-pager | grep -qF -- {shlex.quote(text)}",
+                  timeout, lambda: f"{name}: {text!r} never in the journal")
 
 
 def stop(cluster, *names):
