@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.checkpoint_site import SCALES, SHARD, changed_tasks, make_site, play, serve_hub
+from tests.lib.checkpoint_site import PLAYBOOK, SCALES, SHARD, changed_tasks, make_site, play, serve_hub
 from tests.lib.playbook import REPO, run_playbook
 
 REFUSE_SOURCE = "Refuse to sync from a source host that does not hold the verified checkpoint"
@@ -34,32 +34,72 @@ def site(hub, tmp_path_factory):
     return make_site(tmp_path_factory.mktemp("site"), hub)
 
 
-def test_refusals_happen_before_any_change(hub, tmp_path):
-    s = make_site(tmp_path, hub)
-    cases = {
-        "checkpoint_model_dir": ["LibertAIDAI/GLM-5.3-Flash-NVFP4", "models/glm53", "/opt/models/glm53;reboot",
-                                 "/opt/models/glm 53", "/opt/models/$(id)", "/opt/models/glm53/"],
-        "checkpoint_revision": ["main", "7ce4007", "", "7CE4007804DDBB1B33185FEBC1669F76F90FB53E"],
-    }
-    for var, values in cases.items():
-        for value in values:
-            r = play(s, **{var: value})
-            assert r.rc != 0, (var, value)
-            msg = r.failure_messages()
-            assert var in msg and "Fix" in msg, msg
-            assert r.changed_before_first_failure() == [], (var, value)
-    assert not (tmp_path / "head").exists() and not (tmp_path / "worker").exists()
-    r = play(s, checkpoint_model_dir="LibertAIDAI/GLM-5.3-Flash-NVFP4")
-    assert "hub repo id" in r.failure_messages()
+TOKEN = "hf_SeCrEtTokenValue0123456789"  # noqa: S105 - a made-up token the tests hunt for
 
 
-def test_fresh_fetch_of_an_old_copy_then_stale_scales_replaced_alone(site, hub):
-    # First the copy an operator would have fetched before 2026-08-30 ...
+@pytest.fixture(scope="module")
+def first_fetch(site, hub):
+    """The site's first run: the copy an operator would have fetched before 2026-08-30, fetched with a hub
+    token at verbosity 3 (test_token_is_sent_but_never_printed reads the same run). Returns the run and
+    the bytes each file took from the hub."""
     hub.reset_counters()
-    r = play(site, checkpoint_revision=hub.info["old"])
+    hub.tokens_seen.clear()
+    r = run_playbook(PLAYBOOK, site["inventory"],
+                     extravars={**site["vars"], "checkpoint_revision": hub.info["old"], "checkpoint_hf_token": TOKEN},
+                     envvars={"ANSIBLE_VERBOSITY": "3"}, timeout=900)
+    return r, hub.served(), set(hub.tokens_seen)
+
+
+# Every bad value of each variable, refused before any change. The role judges each host's settings on
+# its own and names every broken one at once, so each run gives the head and the worker a bad value of
+# both variables (inventory host vars; a value left out is a good one) and each host's message must name
+# each of its values: 3 runs instead of one per value.
+REFUSED = {
+    "checkpoint_model_dir": ["LibertAIDAI/GLM-5.3-Flash-NVFP4", "models/glm53", "/opt/models/glm53;reboot",
+                             "/opt/models/glm 53", "/opt/models/$(id)", "/opt/models/glm53/"],
+    "checkpoint_revision": ["main", "7ce4007", "", "7CE4007804DDBB1B33185FEBC1669F76F90FB53E"],
+}
+
+
+def refusal_rounds() -> list[dict[str, dict]]:
+    """Per run, each host's bad values: {host: {var: value}}, every value of REFUSED in exactly one."""
+    slots = [(run, host) for run in range(3) for host in ("spark-0", "spark-1")]
+    rounds: list[dict[str, dict]] = [{"spark-0": {}, "spark-1": {}} for _ in range(3)]
+    for var, values in REFUSED.items():
+        for (run, host), value in zip(slots, values, strict=False):
+            rounds[run][host][var] = value
+    return rounds
+
+
+def test_refusals_happen_before_any_change(hub, tmp_path):
+    judged = []
+    for number, bad in enumerate(refusal_rounds()):
+        # The revision comes from the inventory here, per host: a good one where this round has none to try.
+        s = make_site(tmp_path, hub, host_vars={host: {"checkpoint_revision": hub.info["new"], **values}
+                                                for host, values in bad.items()})
+        extra = {k: v for k, v in s["vars"].items() if k != "checkpoint_revision"}
+        r = run_playbook("playbooks/checkpoint.yml", s["inventory"], extravars=extra, timeout=900)
+        assert r.rc != 0, (number, bad)
+        assert r.changed_before_first_failure() == [], (number, bad)
+        msg = {d["host"]: str(d.get("res", {}).get("msg", "")) for d in r.failed}
+        for host, values in bad.items():
+            for var, value in values.items():
+                # The host's own refusal names the variable with this very value, and the fix.
+                assert f"{var}={json.dumps(value)}" in msg.get(host, "") and "Fix" in msg[host], (var, value, msg)
+                judged.append((var, value))
+        if "LibertAIDAI/GLM-5.3-Flash-NVFP4" in [v.get("checkpoint_model_dir") for v in bad.values()]:
+            host = next(h for h, v in bad.items() if v.get("checkpoint_model_dir") == "LibertAIDAI/GLM-5.3-Flash-NVFP4")
+            assert "hub repo id" in msg[host]
+    assert sorted(judged) == sorted((var, value) for var, values in REFUSED.items() for value in values)
+    assert not (tmp_path / "head").exists() and not (tmp_path / "worker").exists()
+
+
+def test_fresh_fetch_of_an_old_copy_then_stale_scales_replaced_alone(site, hub, first_fetch):
+    # First the copy an operator would have fetched before 2026-08-30 ...
+    r, served, _ = first_fetch
     assert r.rc == 0, r.failure_messages() or r.stdout[-3000:]
     total = sum(p.stat().st_size for p in site["head"].iterdir())
-    assert sum(hub.served().values()) == total, "each file is fetched exactly once from the hub"
+    assert sum(served.values()) == total, "each file is fetched exactly once from the hub"
     assert "fetch spark-0:" in r.stdout and "/s, ETA" in r.stdout, "progress lines are printed"
     for node in ("head", "worker"):
         stamp = json.loads((site[node].parent / "glm53.verified").read_text())
@@ -168,18 +208,15 @@ def test_interrupted_fetch_resumes_without_refetching_completed_files(tmp_path):
         assert (s["worker"] / SHARD).read_bytes() == shard_path.read_bytes()
 
 
-def test_token_is_sent_but_never_printed(hub, tmp_path):
-    s = make_site(tmp_path, hub)
-    token = "hf_SeCrEtTokenValue0123456789"  # noqa: S105 - a made-up token the test hunts for
-    hub.tokens_seen.clear()
-    r = run_playbook("playbooks/checkpoint.yml", s["inventory"], extravars={**s["vars"], "checkpoint_hf_token": token},
-                     envvars={"ANSIBLE_VERBOSITY": "3"}, timeout=900)
+def test_token_is_sent_but_never_printed(site, first_fetch):
+    # The site's first fetch (first_fetch) sent a token at verbosity 3; every file of the site since, too.
+    r, _, tokens_seen = first_fetch
     assert r.rc == 0, r.failure_messages()
-    assert f"Bearer {token}" in hub.tokens_seen
-    assert token not in r.stdout and token not in json.dumps(r.events)
-    for path in tmp_path.rglob("*"):
+    assert f"Bearer {TOKEN}" in tokens_seen
+    assert TOKEN not in r.stdout and TOKEN not in json.dumps(r.events)
+    for path in site["base"].rglob("*"):
         if path.is_file() and path.stat().st_size < 1 << 20:
-            assert token.encode() not in path.read_bytes(), path
+            assert TOKEN.encode() not in path.read_bytes(), path
 
 
 def test_lead_wiring_still_feeds_the_role():

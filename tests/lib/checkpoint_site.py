@@ -88,8 +88,13 @@ def changed_tasks(result) -> list[str]:
     return [f"{d['host']}: {d['task']}" for d in result.changed]
 
 
-def make_site(base: Path, hub) -> dict:
-    """Inventory, model directories and the extra vars of a two-host site served by ``hub``."""
+def make_site(base: Path, hub, host_vars: dict[str, dict] | None = None) -> dict:
+    """Inventory, model directories and the extra vars of a two-host site served by ``hub``.
+
+    ``host_vars``: more inventory variables per host (spark-0, the head; spark-1, the worker), for a run
+    that gives each host a value of its own (a variable set there must not be passed as an extra var too).
+    """
+    more = host_vars or {}
     base.mkdir(parents=True, exist_ok=True)
     rsh = base / "fake-rsh"
     rsh.write_text('#!/bin/sh\nwhile [ "$1" = "-l" ]; do shift 2; done\nshift\nexec sh -c "$*"\n')
@@ -99,9 +104,11 @@ def make_site(base: Path, hub) -> dict:
     # the worker's pull comes from its own.
     inventory = {"spark": {"children": {
         "spark_head": {"hosts": {"spark-0": {**common, "spark_fabric_ip": "127.0.0.1",
-                                             "spark_model_dir": str(base / "head" / "glm53")}}},
+                                             "spark_model_dir": str(base / "head" / "glm53"),
+                                             **more.get("spark-0", {})}}},
         "spark_workers": {"hosts": {"spark-1": {**common, "spark_fabric_ip": "127.0.0.2",
-                                                "spark_model_dir": str(base / "worker" / "glm53")}}},
+                                                "spark_model_dir": str(base / "worker" / "glm53"),
+                                                **more.get("spark-1", {})}}},
     }}}
     (base / "hosts.yml").write_text(yaml.safe_dump(inventory))
     return {
