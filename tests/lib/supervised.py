@@ -9,6 +9,7 @@ import shlex
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from tests.harness import cluster as sim
 
@@ -38,6 +39,10 @@ SUPERVISOR = {
 }
 # Long enough for a group restart and a node's boot on a loaded 2-core machine; waits end on the event.
 RECOVERY = 420
+# How often the waits below look: the supervisor's state file is read through the node's root
+# filesystem as the controller mounts it (no SSH round trip), so looking often costs next to nothing
+# and a wait ends within a fraction of a second of the event.
+POLL = 0.2
 
 
 def checkpoint_files(revision: str = REVISION) -> str:
@@ -51,12 +56,27 @@ def checkpoint_files(revision: str = REVISION) -> str:
             f" && echo {shlex.quote(json.dumps(stamp))} > {MODEL_DIR}.verified")
 
 
-def state(cluster) -> dict:
-    """The supervisor's state.json on the head ({} while there is none or the head is off)."""
+def node_file(node, path: str) -> Path:
+    """A file of the node's root filesystem, as the controller mounts it (tests/harness: the node's
+    overlay, the same disk its systemd and sshd see; it stays mounted while the node is off)."""
+    return Path(node.dir) / "merged" / path.lstrip("/")
+
+
+def read_node_file(node, path: str) -> str:
+    """The file's text on the node ("" while there is none), read without an SSH round trip."""
     try:
-        out = sim.ssh(cluster.nodes[0], f"cat {STATE_DIR}/state.json 2>/dev/null || echo '{{}}'", check=False, timeout=30)
-        return json.loads(out or "{}")
-    except (ValueError, OSError, TimeoutError, RuntimeError):
+        return node_file(node, path).read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+
+
+def state(cluster) -> dict:
+    """The supervisor's state.json on the head ({} while there is none). The supervisor replaces it
+    atomically (a rename), so a read sees one whole state; a power cycle
+    (tests/harness power_cycle) returns only once the node is on again."""
+    try:
+        return json.loads(read_node_file(cluster.nodes[0], f"{STATE_DIR}/state.json") or "{}")
+    except (ValueError, OSError):
         return {}
 
 
@@ -89,8 +109,10 @@ def wait_for(predicate, what: str, timeout: float = RECOVERY, every: float = 1.0
 
 
 def wait_serving(cluster, timeout: float = RECOVERY) -> None:
-    """Until the group answers a generation and the supervisor calls it healthy."""
-    wait_for(lambda: generate(cluster) and state(cluster).get("state") == "healthy", "the group to serve again", timeout)
+    """Until the group answers a generation and the supervisor calls it healthy (its state first,
+    a file read; the generation, a request to the head, only once the state says healthy)."""
+    wait_for(lambda: state(cluster).get("state") == "healthy" and generate(cluster), "the group to serve again",
+             timeout, every=POLL)
 
 
 def wait_stable(cluster, timeout: float = RECOVERY) -> dict:
@@ -101,7 +123,7 @@ def wait_stable(cluster, timeout: float = RECOVERY) -> dict:
         st = state(cluster)
         return st if st.get("state") == "healthy" and st.get("streak") == 0 else None
 
-    return wait_for(stable, "the supervisor to count the restart as stable service", timeout)
+    return wait_for(stable, "the supervisor to count the restart as stable service", timeout, every=POLL)
 
 
 def wait_checks(cluster, count: int, timeout: float = RECOVERY) -> dict:
@@ -117,7 +139,7 @@ def wait_checks(cluster, count: int, timeout: float = RECOVERY) -> dict:
             found.update(st)
         return len(seen) > count
 
-    wait_for(checked, f"{count} checks of the supervisor", timeout, every=0.3)
+    wait_for(checked, f"{count} checks of the supervisor", timeout, every=POLL)
     return found
 
 
@@ -145,6 +167,6 @@ def inject_hang(cluster, timeout: float = 120, while_hanging=None) -> None:
         if while_hanging:
             while_hanging()
         wait_for(lambda: restarts(cluster) > before or state(cluster).get("state") == "restarting",
-                 "the supervisor to act on the hang", timeout, every=0.3)
+                 "the supervisor to act on the hang", timeout, every=POLL)
     finally:
         sim.set_knobs(cluster.instance, cluster.nodes[0].name, {"sglang": {"hang": False}})
