@@ -1,13 +1,13 @@
 """The tune's search space, proven against a simulated engine: every case the nodes cannot afford.
 
-tests/integration/test_tune.py runs ONE representative case on simulated nodes (each candidate is a
-real restart of the group: a fit, a failure above it, a context that does not start, and the
-running point counted without a restart). Here the role's own search code (roles/sglang_tune's
-filter plugin: next candidate, failure reading, frontier, results, profiles, table) is driven the
-way roles/sglang_tune/tasks/trial.yml drives it, over many budgets, context lists, caps and
-running points, against an engine that answers as the stand-in SGLang server does: its own state
-cache arithmetic (tests/standins/lib/sglang_server.py `state_slots`) decides whether a start fits,
-and a start that does not fit leaves the stand-in's hybrid state cache error in the journal.
+tests/integration/test_tune.py runs one case on simulated nodes (each candidate is a real restart of
+the group: a fit, a failure above a fit, a context that does not start, and the running point
+counted without a restart). Here the role's own search code (roles/sglang_tune's filter plugin:
+next candidate, failure reading, frontier, results, profiles, table) is driven the way
+roles/sglang_tune/tasks/trial.yml drives it, over many budgets, context lists, caps and running
+points, against an engine that answers as the stand-in SGLang server does: its own state cache
+arithmetic (tests/standins/lib/sglang_server.py `state_slots`) decides whether a start fits, and a
+start that does not fit leaves the stand-in's hybrid state cache error in the journal.
 """
 
 from __future__ import annotations
@@ -141,14 +141,14 @@ def check(budget, contexts, cap, running=None):
     return trials
 
 
-# The representative case the nodes run (tests/integration/test_tune.py): its exact trials.
-def test_the_integration_case_tries_a_fit_a_failure_above_it_and_a_context_that_does_not_start():
+# The integration case with a cap at the running point: every kind of trial once, in three restarts.
+def test_a_cap_at_the_running_point_tries_a_fit_a_failure_above_it_and_a_context_that_does_not_start():
     trials = check(2 * 65536, [65536, 131072, 262144], 2, running=(65536, 2))
     assert [(t["context"], t["requests"], t["fits"]) for t in trials] == [
         (65536, 2, True), (131072, 1, True), (131072, 2, False), (262144, 1, False)]
 
 
-# What the nodes ran before (a cap above the running point): a failure right above the running point too.
+# The case tests/integration/test_tune.py runs (a cap above the running point): a failure right above it too.
 def test_a_cap_above_the_running_point_tries_the_failure_above_it_first():
     trials = check(2 * 65536, [65536, 131072, 262144], 3, running=(65536, 2))
     assert [(t["context"], t["requests"], t["fits"]) for t in trials] == [
