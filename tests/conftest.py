@@ -189,8 +189,10 @@ def instance_cpu_seconds(instance: str) -> float:
 
 
 def _process_cpu_seconds() -> float:
+    """This worker's CPU and its children's (the playbook runs), without the nodes' that a reaped power
+    supply brings into RUSAGE_CHILDREN: the nodes are counted from their cgroups."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime - sim.reaped_supply_cpu()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -328,13 +328,33 @@ def _power_on(c: Cluster, n: Node) -> None:
     _boot(c, n)
 
 
+# The power supplies this process started, kept so that no Popen finalizer reaps one behind
+# our back: reaping a supply adds the CPU of the node processes it waited for to this process's
+# RUSAGE_CHILDREN, and tests/conftest.py counts the nodes from their cgroups instead.
+_SUPPLIES: dict[int, subprocess.Popen] = {}
+_REAPED = {"cpu": 0.0}
+
+
+def reaped_supply_cpu() -> float:
+    """CPU seconds the supplies reaped so far brought into this process's RUSAGE_CHILDREN."""
+    return _REAPED["cpu"]
+
+
 def _reap(pid: int) -> None:
     """Collect the exit status of a supply this process started, so that it leaves no zombie."""
-    if pid:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    if not pid:
+        return
+    try:
+        done, _status, usage = os.wait4(pid, os.WNOHANG)
+    except ChildProcessError:
+        _SUPPLIES.pop(pid, None)
+        return
+    if done:
+        _REAPED["cpu"] += usage.ru_utime + usage.ru_stime
+        supply = _SUPPLIES.pop(pid, None)
+        if supply is not None:
+            # Reaped here: its Popen must not wait for it again.
+            supply.returncode = os.waitstatus_to_exitcode(_status)
 
 
 def _wait_ssh(n: Node, timeout: float = 90) -> None:
@@ -363,6 +383,7 @@ def _halt(c: Cluster, n: Node) -> None:
     while n.pid and _alive(n.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     _kill_cgroup(_node_cgroup(c.instance, n.name))
+    _reap(n.pid)
     # A stale subtree left from the old boot hangs the next systemd in it.
     for cg in _cgroup_dirs(c.instance, n.name):
         _rmdir_tree(cg)
@@ -624,6 +645,7 @@ def _boot(c: Cluster, n: Node) -> None:
         env=env, start_new_session=True,
     )
     n.pid = proc.pid
+    _SUPPLIES[proc.pid] = proc
 
 
 def _wait_ready(n: Node, timeout: float = 90) -> None:
@@ -717,6 +739,8 @@ def _write_inventory(c: Cluster) -> None:
             dest = inv / "group_vars" / src.relative_to(TEST_GROUP_VARS)
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.symlink_to(src)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
