@@ -39,33 +39,46 @@ DISK = "Refuse a filesystem that cannot hold the missing bytes, before any byte 
 FELL_BACK = "Say that the sync went over ssh instead of the rsync daemon"
 RSYNCD_PORT = 28730  # checkpoint_sync_rsyncd_port; spark-1 is the first worker
 RUNTIME = "/run/spark-checkpoint-sync"
-# On the head while a sync runs: the daemon's sockets, its directories, their modes and contents.
-DAEMON_VIEW = f"""python3 - <<'EOF'
-import glob, json, os, subprocess
+# On the head while a sync runs: the daemon's sockets, its directories, their modes and contents. With a wait
+# (seconds) it looks again on the node every 50 ms, reading the sockets only once a directory is there, until the
+# daemon serves a peer (a peer connected and the daemon's child for it forked) or the wait is over: one SSH round
+# trip waits for the event, instead of one round trip a look.
+DAEMON_VIEW = f"""python3 - WAIT <<'EOF'
+import glob, json, os, subprocess, sys, time
 def ss(*a):
     return subprocess.run(["ss", "-Htn", *a], capture_output=True, text=True).stdout.split("\\n")
-procs = {{}}
-for p in glob.glob("/proc/[0-9]*"):
-    try:
-        argv = open(p + "/cmdline", "rb").read().split(b"\\0")
-        if argv[:2] == [b"rsync", b"--daemon"]:
-            procs[p[6:]] = open(p + "/stat").read().rsplit(")", 1)[1].split()[1]
-    except OSError:
-        pass
-# The daemon itself; the others are its children, one per connection.
-daemons = sum(1 for parent in procs.values() if parent not in procs)
-dirs = {{}}
-for d in glob.glob("{RUNTIME}/rsyncd-*"):
-    try:
-        dirs[d] = {{"mode": oct(os.stat(d).st_mode & 0o777), "secrets_mode": oct(os.stat(d + "/rsyncd.secrets").st_mode & 0o777),
-                   "secret": open(d + "/rsyncd.secrets").read().strip().split(":", 1)[1],
-                   "conf": open(d + "/rsyncd.conf").read()}}
-    except OSError:
-        pass
-print(json.dumps({{"listening": [l.split()[3] for l in ss("-l", "sport = :{RSYNCD_PORT}") if l.strip()],
-                  "peers": [l.split()[3] for l in ss("state", "established", "sport = :{RSYNCD_PORT}") if l.strip()],
-                  "daemons": daemons, "serving": len(procs) - daemons,
-                  "dirs": dirs}}))
+def view():
+    procs = {{}}
+    for p in glob.glob("/proc/[0-9]*"):
+        try:
+            argv = open(p + "/cmdline", "rb").read().split(b"\\0")
+            if argv[:2] == [b"rsync", b"--daemon"]:
+                procs[p[6:]] = open(p + "/stat").read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            pass
+    # The daemon itself; the others are its children, one per connection.
+    daemons = sum(1 for parent in procs.values() if parent not in procs)
+    dirs = {{}}
+    for d in glob.glob("{RUNTIME}/rsyncd-*"):
+        try:
+            dirs[d] = {{"mode": oct(os.stat(d).st_mode & 0o777),
+                       "secrets_mode": oct(os.stat(d + "/rsyncd.secrets").st_mode & 0o777),
+                       "secret": open(d + "/rsyncd.secrets").read().strip().split(":", 1)[1],
+                       "conf": open(d + "/rsyncd.conf").read()}}
+        except OSError:
+            pass
+    return {{"listening": [l.split()[3] for l in ss("-l", "sport = :{RSYNCD_PORT}") if l.strip()],
+            "peers": [l.split()[3] for l in ss("state", "established", "sport = :{RSYNCD_PORT}") if l.strip()],
+            "daemons": daemons, "serving": len(procs) - daemons,
+            "dirs": dirs}}
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    seen = view() if glob.glob("{RUNTIME}/rsyncd-*") or time.monotonic() >= deadline else None
+    serving = seen is not None and seen["listening"] and seen["peers"] and seen["dirs"] and seen["serving"] >= 1
+    if seen is not None and (time.monotonic() >= deadline or serving):
+        break
+    time.sleep(0.05)
+print(json.dumps(seen))
 EOF"""
 
 
@@ -107,8 +120,10 @@ def exists(node, path: str) -> bool:
 
 @pytest.fixture(scope="module")
 def nodes(sim_cluster, sim_inventory):
-    """The nodes with the fabric (and the head's SSH trust over it) configured and no checkpoint yet."""
-    result = run_playbook("playbooks/fabric.yml", sim_inventory)
+    """The nodes with the fabric (and the head's SSH trust over it) configured and no checkpoint yet.
+
+    The link's bandwidth is not what this module proves (test_fabric does): no iperf3 round here."""
+    result = run_playbook("playbooks/fabric.yml", sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     for n in sim_cluster.nodes:
         sim.ssh(n, f"umount -q {PARENT} 2>/dev/null; rm -rf {PARENT} {VENV}")
@@ -214,16 +229,58 @@ def test_corrupted_worker_shard_is_found_by_the_fast_check_and_resynced_alone(no
     assert stamp(worker)["revision"] == hub.info["new"]
 
 
-def test_worker_alone_under_limit_syncs_from_the_head_outside_the_run(nodes, hub):
+def daemon_view(head, wait: float = 0) -> dict:
+    """The daemon as the head shows it now; with `wait`, once it serves a peer (or when `wait` seconds are over)."""
+    return json.loads(sim.ssh(head, DAEMON_VIEW.replace("WAIT", str(wait), 1), timeout=wait + 60))
+
+
+@pytest.fixture(scope="module")
+def worker_resynced_alone(nodes, hub):
+    """One run for two tests: a worker that lost a shard, re-provisioned alone (--limit, the head outside the run
+    only read), while something else holds the rsync daemon's port on the head's fabric address, so that its sync
+    falls back to ssh. Returns the run, the head's files before it and what the hub served during it."""
+    head, worker = nodes["head"], nodes["worker"]
+    sim.ssh(head, "systemd-run --unit=spark-test-port-taken --collect python3 -c 'import socket, time; "
+                  f"s = socket.create_server((\"{head.fabric_ip}\", {RSYNCD_PORT})); time.sleep(3600)'")
+    try:
+        while daemon_view(head)["listening"] != [f"{head.fabric_ip}:{RSYNCD_PORT}"]:
+            pass
+        sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
+        head_before = listing(head)
+        hub.reset_counters()
+        r = play(nodes, hub, limit=worker.name)
+        served = hub.served()
+    finally:
+        sim.ssh(head, "systemctl stop spark-test-port-taken", check=False)
+    return {"result": r, "head_before": head_before, "served": served}
+
+
+def test_sync_falls_back_to_ssh_when_the_daemon_cannot_start(nodes, hub, worker_resynced_alone):
+    head, worker = nodes["head"], nodes["worker"]
+    # Something else held the daemon's port on the head's fabric address while the worker synced alone.
+    r = worker_resynced_alone["result"]
+    assert r.rc == 0, r.failure_messages()
+    sync = r.results(SYNCED)["spark-1"]
+    assert sync["transport"] == "ssh" and sync["sent"] == [SHARD] and sync["port"] is None
+    reason = sync["fallback_reason"]
+    assert f"could not listen on {head.fabric_ip}:{RSYNCD_PORT}" in reason and "Address already in use" in reason
+    said = r.results(FELL_BACK)["spark-1"]["msg"]
+    assert "checkpoint_sync_transport=rsyncd could not be used" in said and "went over ssh" in said, said
+    assert "checkpoint_sync_transport=rsyncd could not be used" in r.stdout
+    assert digests(worker)[SHARD] == sha256(hub.expected[SHARD])
+    assert stamp(worker)["revision"] == hub.info["new"]
+    assert daemon_view(head)["dirs"] == {}
+
+
+def test_worker_alone_under_limit_syncs_from_the_head_outside_the_run(nodes, hub, worker_resynced_alone):
     """Re-provisioning one worker: the head is only read, and only when its checkpoint is verified."""
     head, worker = nodes["head"], nodes["worker"]
-    sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
-    head_before = listing(head)
-    hub.reset_counters()
-    r = play(nodes, hub, limit=worker.name)
+    resynced = worker_resynced_alone  # rm SHARD on the worker, then the worker alone under --limit
+    head_before = resynced["head_before"]
+    r = resynced["result"]
     assert r.rc == 0, r.failure_messages()
     assert r.results(SYNCED)["spark-1"]["sent"] == [SHARD]
-    assert hub.served() == {}
+    assert resynced["served"] == {}
     assert digests(worker)[SHARD] == sha256(hub.expected[SHARD])
     assert stamp(worker)["revision"] == hub.info["new"]
     assert listing(head) == head_before
@@ -246,10 +303,6 @@ def test_worker_alone_under_limit_syncs_from_the_head_outside_the_run(nodes, hub
         assert r.rc == 0, r.failure_messages()
 
 
-def daemon_view(head) -> dict:
-    return json.loads(sim.ssh(head, DAEMON_VIEW))
-
-
 def test_sync_over_the_rsync_daemon_listens_only_on_the_head_fabric_address_for_the_sync_only(nodes, hub):
     head, worker = nodes["head"], nodes["worker"]
     since = sim.ssh(head, "date +%s").strip()
@@ -264,7 +317,7 @@ def test_sync_over_the_rsync_daemon_listens_only_on_the_head_fabric_address_for_
     run.start()
     seen = None
     while run.is_alive():
-        view = daemon_view(head)
+        view = daemon_view(head, wait=20)
         if view["listening"] and view["peers"] and view["dirs"]:
             seen = view
             break
@@ -299,31 +352,6 @@ def test_sync_over_the_rsync_daemon_listens_only_on_the_head_fabric_address_for_
     for n in (head, worker):
         assert secret not in sim.ssh(n, f"journalctl -o cat --since @{since}"), n.name
     assert sim.ssh(worker, f"grep -rlF {secret} /root /tmp /var/tmp /run /opt 2>/dev/null || true").strip() == ""
-
-
-def test_sync_falls_back_to_ssh_when_the_daemon_cannot_start(nodes, hub):
-    head, worker = nodes["head"], nodes["worker"]
-    # Something else holds the daemon's port on the head's fabric address.
-    sim.ssh(head, "systemd-run --unit=spark-test-port-taken --collect python3 -c 'import socket, time; "
-                  f"s = socket.create_server((\"{head.fabric_ip}\", {RSYNCD_PORT})); time.sleep(3600)'")
-    try:
-        while daemon_view(head)["listening"] != [f"{head.fabric_ip}:{RSYNCD_PORT}"]:
-            pass
-        sim.ssh(worker, f"rm {MODEL_DIR}/{SHARD}")
-        r = play(nodes, hub, limit=worker.name)
-    finally:
-        sim.ssh(head, "systemctl stop spark-test-port-taken", check=False)
-    assert r.rc == 0, r.failure_messages()
-    sync = r.results(SYNCED)["spark-1"]
-    assert sync["transport"] == "ssh" and sync["sent"] == [SHARD] and sync["port"] is None
-    reason = sync["fallback_reason"]
-    assert f"could not listen on {head.fabric_ip}:{RSYNCD_PORT}" in reason and "Address already in use" in reason
-    said = r.results(FELL_BACK)["spark-1"]["msg"]
-    assert "checkpoint_sync_transport=rsyncd could not be used" in said and "went over ssh" in said, said
-    assert "checkpoint_sync_transport=rsyncd could not be used" in r.stdout
-    assert digests(worker)[SHARD] == sha256(hub.expected[SHARD])
-    assert stamp(worker)["revision"] == hub.info["new"]
-    assert daemon_view(head)["dirs"] == {}
 
 
 def test_extra_python_file_in_the_worker_model_dir_is_refused(nodes, hub):
