@@ -1,13 +1,15 @@
 """playbooks/tune.yml on simulated nodes: the capacity frontier, found through the server role's restarts.
 
+ONE representative case on the nodes, each trial a real restart of every rank; the search space
+(doubling and bisection over many budgets, contexts, caps and running points, resuming midway) is
+proven against a simulated engine in tests/unit/test_tune_search.py, with this very case among them.
 The stand-in SGLang server (tests/standins/lib/sglang_server.py) holds a hybrid state cache of
 `state_budget` request-tokens: a start whose max-running-requests x context-length is above it
-fails with the real fingerprint. With 2 x 65536 the frontier is 65536 -> 2 (the seed's point, which
-the group runs: no restart), 131072 -> 1, and 262144 does not start; the group must end on what it
-ran before (65536 x 2), answering the verify questions. The search's doubling and bisection over
-larger ranges are the unit tests' (tests/unit/test_sglang_benchmark.py); here every kind of trial
-happens once on real restarts: a fit, a failure above a fit, a context that does not start. A second
-run resumes from the record (no trial again) and ends on the profile tune_apply names.
+fails with the real fingerprint. With 2 x 65536 and at most 2 requests the frontier is 65536 -> 2
+(the seed's point, which the group runs: no restart), 131072 -> 1, and 262144 does not start; the
+group must end on what it ran before (65536 x 2), answering the verify questions. Every kind of
+trial happens once on real restarts: a fit, a failure above a fit, a context that does not start.
+A second run resumes from the record (no trial again) and ends on the profile tune_apply names.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from tests.lib.supervised import REVISION, checkpoint_files, generate
 
 CONTEXTS = [65536, 131072, 262144]
 BUDGET = 2 * 65536
-# At most 3: the trial at 3 proves the first frontier (2 runs, 3 does not start) in one restart;
-# each restart of the group is the module's cost.
-TUNE = {"sglang_tune_contexts": CONTEXTS, "sglang_tune_max_requests": 3}
+# At most 2, the running point's: each restart of the group is the module's cost, and a failure above a fit
+# is tried at 131072 (2 does not start there); the failure right above the running point (a cap of 3, one
+# restart more) is the unit test's (test_a_cap_above_the_running_point_tries_the_failure_above_it_first).
+CAP = 2
+TUNE = {"sglang_tune_contexts": CONTEXTS, "sglang_tune_max_requests": CAP}
 ARGS = "/etc/sglang/server-args.json"
 UNIT = "sglang.service"
 PINNED = {"checkpoint_revision": REVISION}
@@ -75,10 +79,11 @@ def test_the_frontier_is_found_exactly(tuned):
     _result, report, _out = tuned
     assert [(r["context"], r["max_requests"]) for r in report["frontier"]] == [(65536, 2), (131072, 1), (262144, 0)]
     assert [r["startable"] for r in report["frontier"]] == [True, True, False]
-    # Both sides of each frontier were tried: a fit at the frontier and a failure one above it.
+    # Both sides of each frontier were tried: a fit at the frontier and a failure one above it (at 65536 the
+    # cap is the frontier's upper side: nothing above it is tried).
     tried = {(t["context"], t["requests"]): t["fits"] for t in report["trials"]}
-    assert [tried.get((c, n)) for c, n in ((65536, 2), (65536, 3), (131072, 1), (131072, 2), (262144, 1))] == [
-        True, False, True, False, False], tried
+    assert tried == {(65536, 2): True, (131072, 1): True, (131072, 2): False, (262144, 1): False}, tried
+    assert all(t["requests"] <= CAP for t in report["trials"]), report["trials"]
     failed = [t for t in report["trials"] if not t["fits"]]
     assert failed and all("hybrid (mamba/linear-attention) state cache" in t["reason"] for t in failed), failed
     # Every trial is one real candidate: none repeated, none the budget contradicts.
