@@ -185,8 +185,9 @@ def test_the_issue_budget_gives_the_frontier_in_nine_trials_from_the_seed():
 
 
 def test_the_integration_scenario_tries_each_kind_of_candidate_once():
-    # tests/integration/test_tune.py: a failure above the running point, a fit, a failure above it,
-    # and a context that does not start; four restarts, none repeated.
+    # The cap-3 variant of tests/integration/test_tune.py's case (which runs with cap 2, one restart fewer):
+    # a failure above the running point, a fit, a failure above it, and a context that does not start;
+    # four restarts, none repeated.
     frontier, asked = search(2 * 65536, [65536, 131072, 262144], known=[{"context": 65536, "requests": 2, "fits": True}],
                              cap=3)
     assert frontier == {65536: 2, 131072: 1, 262144: 0}
