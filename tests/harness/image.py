@@ -47,7 +47,7 @@ SSHD_DROPIN = "UseDNS no\n"
 # Nodes have no internet, so the harness serves them from a local wheelhouse.
 WHEELHOUSE_REQUIREMENTS = ["huggingface-hub==2.4.0"]
 
-IMAGE_FORMAT = 5  # bump when the customisation below changes meaningfully
+IMAGE_FORMAT = 6  # bump when the customisation below changes meaningfully
 
 
 def image_key() -> str:
@@ -90,6 +90,12 @@ def _customise(rootfs: Path) -> None:
     # has not configured runs no Prometheus and no exporter.
     for unit in sorted((rootfs / "usr/lib/systemd/system").glob("prometheus*")):
         run(["chroot", str(rootfs), "systemctl", "disable", unit.name], check=False, quiet=True)
+    # Debian's housekeeping timers (dpkg-db-backup, apt-daily, fstrim, tmpfiles-clean) change a node on
+    # the wall clock's schedule: at midnight dpkg-db-backup writes /var/backups/*.0 on every node, which
+    # a shared pair's drift check then blames on whichever module ran. Nothing a test exercises needs them.
+    timers = {p.name for p in (rootfs / "usr/lib/systemd/system").glob("*.timer")}
+    for timer in sorted(timers):
+        run(["chroot", str(rootfs), "systemctl", "mask", timer], check=False, quiet=True)
     (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
     # apt caches are dead weight in every overlay.
     shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)

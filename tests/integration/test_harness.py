@@ -35,6 +35,14 @@ def test_nodes_boot_real_systemd_with_own_identity(sim_cluster):
     assert len(ids) == len(sim_cluster.nodes)
 
 
+def test_no_housekeeping_timer_changes_a_node_on_the_clock(sim_cluster):
+    # dpkg-db-backup at midnight once wrote /var/backups/*.0 on every shared node mid-run and the
+    # drift check blamed the module that happened to hold the pair.
+    for node in sim_cluster.nodes:
+        listed = sh(node, "systemctl list-timers --no-legend --plain").strip()
+        assert listed == "", f"{node.name} schedules timers of its own:\n{listed}"
+
+
 def test_host_keys_differ_and_are_pinned(sim_cluster):
     known = (sim_cluster.state_dir / "known_hosts").read_text().splitlines()
     ed = [line.split()[2] for line in known if "ssh-ed25519" in line]
