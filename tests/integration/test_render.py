@@ -239,7 +239,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
     })
     assert result.rc == 0, result.stdout
     changed_tasks = {d["task"] for d in result.changed}
-    assert "Render the launch arguments as JSON" in changed_tasks
+    assert "Render the node's unit, environment file (secrets redacted) and launch arguments" in changed_tasks
     for host in NODES:
         args = json.loads((out / host / "server-args.json").read_text())
         assert args[args.index("--context-length") + 1] == "32768"
