@@ -1,8 +1,10 @@
-"""Write a node's rendered files on the controller in one task, in the controller's own process.
+"""Write files on the controller in one task, in the controller's own process.
 
-render.yml writes three small files per node. As template/copy tasks with a local connection each
-file costs a stat and a copy module, each a fresh Python interpreter on the controller: most of a
-render's own time. Here the content is templated by the task as usual and written in-process.
+The collection's controller-side output (render.yml's files per node, verify's JSON report) used to
+be template/copy tasks delegated to localhost: each file a stat and a copy module, each module a
+fresh Python interpreter on the controller (close to a CPU-second apiece). Here the task templates
+the content as usual and the files are written in-process. Every role loads this through its
+dependency on the spark role.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _write(path: str, content: str, mode: int) -> None:
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("dest", "files", "prune_except"))
+    _VALID_ARGS = frozenset(("dest", "files", "prune_except", "prune_marker"))
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
@@ -48,6 +50,9 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("dest is required: the directory that receives the files")
         files = self._task.args.get("files") or []
         keep = self._task.args.get("prune_except")
+        marker = self._task.args.get("prune_marker")
+        if keep is not None and not marker:
+            raise AnsibleActionFail("prune_marker is required with prune_except: the file that marks a directory this task wrote")
         check = self._task.check_mode
         changed, diffs, written = False, [], []
 
@@ -77,12 +82,13 @@ class ActionModule(ActionBase):
             if not check:
                 _write(path, content, mode)
 
-        # The directory shows exactly the inventory: a host that left it keeps no files that look installed.
+        # Subdirectories holding the marker file and not named in prune_except go (render.yml: a host that
+        # left the inventory keeps no files that look like they would still be installed).
         pruned = []
         if keep is not None:
             for entry in sorted(os.listdir(dest)) if os.path.isdir(dest) else []:
                 path = os.path.join(dest, entry)
-                if entry not in keep and not os.path.islink(path) and os.path.isfile(os.path.join(path, "server-args.json")):
+                if entry not in keep and not os.path.islink(path) and os.path.isfile(os.path.join(path, marker)):
                     pruned.append(path)
                     diffs.append({"before_header": path, "after_header": path,
                                   "before": {"path": path, "state": "directory"}, "after": {"path": path, "state": "absent"}})
