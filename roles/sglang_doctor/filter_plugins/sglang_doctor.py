@@ -932,6 +932,20 @@ def peer_summary(ev, host, rank, own_findings):
             "state": f"{state.get('ActiveState') or '?'}/{state.get('SubState') or '?'}"}
 
 
+def peer_summaries(peers, hostvars, nodes):
+    """peer_summary of each of `peers` from its own facts (its evidence and its own findings); a peer outside
+    the run (--limit) is unknown, not absent."""
+    out = []
+    for host in peers:
+        facts = hostvars[host] if host in hostvars else {}
+        ev, own = facts.get("__sglang_doctor_evidence"), facts.get("__sglang_doctor_own")
+        if ev is None or own is None:
+            out.append({"host": "?", "runs": None})
+        else:
+            out.append(peer_summary(ev, host, nodes.index(host) if host in nodes else "?", own))
+    return out
+
+
 def bundle_files(ev, host, unit_file, env_text, found, current, secrets=None, extra=None):  # noqa: PLR0917 - a Jinja filter's arguments
     """The bundle's files of one node, every one redacted: [{path, content}]."""
     extra = extra or {}
@@ -956,6 +970,13 @@ def bundle_files(ev, host, unit_file, env_text, found, current, secrets=None, ex
         "drift.json": json.dumps(extra.get("drift") or [], indent=2, default=str),
     }
     return [{"path": f"{host}/{name}", "content": redact(content, secrets) + "\n"} for name, content in files.items()]
+
+
+def supervisor_reads(result):
+    """The supervisor's state.json and gave-up.json reads -> {results: [state, gave-up]}, each a dict with
+    `content` (base64) when the file was read: from the head's probe, or a looped slurp on the head."""
+    by_item = {r.get("item"): r for r in (result or {}).get("results") or [] if isinstance(r, dict)}
+    return {"results": [by_item.get("state.json") or {}, by_item.get("gave-up.json") or {}]}
 
 
 def report_lines(host, items, secrets=None, past=None, drifted=None):
@@ -1003,5 +1024,7 @@ class FilterModule:
             "sglang_doctor_props": props,
             "sglang_doctor_evidence": evidence,
             "sglang_doctor_peer_summary": peer_summary,
+            "sglang_doctor_peer_summaries": peer_summaries,
             "sglang_doctor_bundle_files": bundle_files,
+            "sglang_doctor_supervisor_reads": supervisor_reads,
         }
