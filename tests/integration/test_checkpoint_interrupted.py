@@ -4,6 +4,9 @@ On this machine (controller-local: the role fetches on the head, and here the he
 host), with the REAL huggingface_hub client and the hub emulator, which counts the bytes it serves
 and can hold a file's body at a byte offset, so a test catches a fetch in the middle. Issue 14's
 findings 1, 2, 6 and 7 through the role; the modules' side is in tests/unit/test_checkpoint_findings.py.
+
+A site's first run is checkpoint.yml as an operator runs it, the inventory check and the room play
+included; its later runs are the checkpoint step as site.yml runs it (SITE_STEP: both were judged).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, Operator, make_site, play, serve_hub
+from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, SITE_STEP, Operator, make_site, play, serve_hub
 from tests.lib.role_module import module_utils
 
 # The client writes what arrives in 10 MiB chunks: held there, the partial file holds exactly that.
@@ -97,7 +100,7 @@ def test_ctrl_c_then_run_again_follows_the_fetch_left_running(hub, tmp_path):
         first.interrupt()  # Ctrl-C
         assert first.wait(120) != 0
         assert alive(pid), "the async fetch outlives the interrupted playbook"
-        second = Operator(site, "second")
+        second = Operator(site, "second", **SITE_STEP)
         assert second.wait_output(f"waiting for the fetch that an earlier run started (pid {pid}", 120), \
             second.output()[-4000:]
         hub.release(SHARD)
@@ -150,7 +153,7 @@ def test_kill_9_is_reported_and_the_next_run_resumes_from_the_bytes_on_disk(hub,
     assert f"run again: it resumes from the {on_disk} bytes on disk" in out, out[-4000:]
     assert "No start of json char found" not in out
     hub.reset_counters()
-    r = play(site)
+    r = play(site, **SITE_STEP)
     assert r.rc == 0, r.failure_messages()
     size_of_shard = (hub.source / SHARD).stat().st_size
     assert hub.served() == {SHARD: size_of_shard - HOLD}, "only the bytes that were not on disk"
@@ -180,7 +183,7 @@ def test_a_code_file_of_the_revision_is_refused_then_accepted_once_pinned(code_h
     pins = yaml.safe_load(msg.split("\n\n", 1)[1])
     assert pins == {"checkpoint_trusted_code_files": {CODE: hashlib.sha256(CODE_TEXT.encode()).hexdigest()}}
     assert not code_site["head"].exists() and not code_site["worker"].exists(), "no weight moved"
-    r = play(code_site, **pins)
+    r = play(code_site, **pins, **SITE_STEP)
     assert r.rc == 0, r.failure_messages()
     assert "The pinned revision holds code files" in r.stdout and CODE in r.stdout
     expected = tree(code_hub.source)
@@ -195,7 +198,7 @@ def test_a_stray_file_is_refused_by_the_fast_check_before_any_hashing(code_hub, 
     stray = code_site["worker"] / "notes.txt"
     stray.write_text("mine\n")
     try:
-        r = play(code_site, **pins)
+        r = play(code_site, **pins, **SITE_STEP)
         assert r.rc != 0
         failed = {d["host"]: d["task"] for d in r.failed}
         assert failed == {"spark-1": FAST}, failed

@@ -4,6 +4,9 @@ Two inventory hosts with a local connection stand for the head and a worker, eac
 model directory; the worker's "fabric" is a remote shell that runs rsync's far side locally (the
 site: tests/lib/checkpoint_site.py). The hub is the local emulator on 127.0.0.1, which counts the
 bytes it serves per file.
+
+A site's first run is checkpoint.yml as an operator runs it, the inventory check and the room play
+included; its later runs are the checkpoint step as site.yml runs it (SITE_STEP: both were judged).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.checkpoint_site import PLAYBOOK, SCALES, SHARD, changed_tasks, make_site, play, serve_hub
+from tests.lib.checkpoint_site import PLAYBOOK, SCALES, SHARD, SITE_STEP, changed_tasks, make_site, play, serve_hub
 from tests.lib.playbook import REPO, run_playbook
 
 REFUSE_SOURCE = "Refuse to sync from a source host that does not hold the verified checkpoint"
@@ -106,7 +109,7 @@ def test_fresh_fetch_of_an_old_copy_then_stale_scales_replaced_alone(site, hub, 
         assert stamp["revision"] == hub.info["old"]
     # ... then the pin moves to the 2026-08-30 commit: only the scales file changes.
     hub.reset_counters()
-    r = play(site)
+    r = play(site, **SITE_STEP)
     assert r.rc == 0, r.failure_messages() or r.stdout[-3000:]
     assert hub.served() == {SCALES: (site["head"] / SCALES).stat().st_size}
     sync = [d["res"] for d in r.changed if d["task"] == "Collect the sync result"]
@@ -121,7 +124,7 @@ def test_fresh_fetch_of_an_old_copy_then_stale_scales_replaced_alone(site, hub, 
 
 def test_second_run_transfers_nothing_and_changes_nothing(site, hub):
     hub.reset_counters()
-    r = play(site)
+    r = play(site, **SITE_STEP)
     assert r.rc == 0, r.failure_messages()
     assert changed_tasks(r) == []
     assert hub.served() == {}
@@ -130,7 +133,7 @@ def test_second_run_transfers_nothing_and_changes_nothing(site, hub):
 
 
 def test_check_mode_on_a_converged_site_reports_no_change(site, hub):
-    r = play(site, check=True)
+    r = play(site, check=True, **SITE_STEP)
     assert r.rc == 0, r.failure_messages()
     assert changed_tasks(r) == []
 
@@ -144,7 +147,7 @@ def test_corrupted_worker_shard_found_by_the_fast_check_and_resynced_alone(site,
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     hub.reset_counters()
-    r = play(site, checkpoint_deep_verify=True)
+    r = play(site, checkpoint_deep_verify=True, **SITE_STEP)
     assert r.rc == 0, r.failure_messages()
     assert hub.served() == {}, "the head's copy is good: nothing comes from the hub"
     fast = r.results("Check the checkpoint quickly against the record")
@@ -161,14 +164,14 @@ def test_extra_python_file_is_refused_and_kept(site):
     evil = site["worker"] / "modeling_evil.py"
     evil.write_text("import os; os.system('id')\n")
     try:
-        r = play(site)
+        r = play(site, **SITE_STEP)
         assert r.rc != 0
         assert "modeling_evil.py" in r.failure_messages() and "--trust-remote-code" in r.failure_messages()
         assert evil.exists()
         assert not (site["worker"].parent / "glm53.verified").exists(), "a refused copy is not stamped"
     finally:
         evil.unlink()
-    r = play(site)
+    r = play(site, **SITE_STEP)
     assert r.rc == 0 and (site["worker"].parent / "glm53.verified").exists()
 
 
@@ -199,7 +202,7 @@ def test_interrupted_fetch_resumes_without_refetching_completed_files(tmp_path):
         partial = (s["head"].parent / ".glm53.partial" / f"{SHARD}.part").stat().st_size
         assert 0 < partial <= cut
         hub.reset_counters()
-        r = play(s)
+        r = play(s, **SITE_STEP)
         assert r.rc == 0, r.failure_messages()
         assert hub.served() == {SHARD: size - partial}, "completed files and partial bytes are not fetched again"
         ranges = [rng for method, path, rng in hub.requests if path.endswith(SHARD) and method == "GET"]

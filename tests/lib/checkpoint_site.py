@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, Result, _children_cpu_seconds, _log_run, run_playbook
 from tests.lib.role_module import run_role_module
 from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
@@ -36,6 +36,11 @@ CODE_TEXT = "import torch\n\nclass Glm5NextForConditionalGeneration:\n    pass\n
 # The hub client writes what arrives in 10 MiB chunks: a shard bigger than that leaves bytes on disk
 # when its download is cut or held part-way.
 BIG_SHARD_BYTES = 24 << 20
+# checkpoint.yml as site.yml imports it: the inventory check and every node's room were judged before
+# this run (site.yml: by its own first play and preflight; here: by the same site's first run of
+# checkpoint.yml), so both plays match no host and the run is the checkpoint role alone. A site's later
+# runs pass it: each of those plays costs the controller about 5 CPU-s a run and no test reads them again.
+SITE_STEP = {"spark_inventory_checked": True, "spark_room_checked": True}
 
 
 def free_port() -> int:
@@ -144,10 +149,13 @@ class Operator:
     """ansible-playbook started as an operator starts it in a terminal, so that it can be interrupted.
 
     Its own session and process group, as a terminal's foreground job: ``interrupt`` sends SIGINT to
-    the whole group, which is what Ctrl-C does. Output goes to a file the test can read meanwhile.
+    the whole group, which is what Ctrl-C does. Output goes to a file the test can read meanwhile. Once
+    reaped, the run is logged with its controller CPU like run_playbook's (the pytest summary's playbook
+    runs); start one only after the one before it has ended, or their CPU mixes.
     """
 
     def __init__(self, site: dict, name: str, **extra):
+        self.started, self.cpu_before, self.logged = time.monotonic(), _children_cpu_seconds(), False
         self.out = site["base"] / f"{name}.out"
         extravars = site["base"] / f"{name}.vars.json"
         extravars.write_text(json.dumps({**site["vars"], **extra}))
@@ -179,9 +187,18 @@ class Operator:
         os.killpg(self.proc.pid, signal.SIGINT)
 
     def wait(self, timeout: float = 900) -> int:
-        return self.proc.wait(timeout)
+        rc = self.proc.wait(timeout)
+        self._log(rc)
+        return rc
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
+        self._log(self.proc.returncode)
+
+    def _log(self, rc: int) -> None:
+        if not self.logged:
+            self.logged = True
+            _log_run(PLAYBOOK, False, Result(rc=rc, status="interrupted" if rc else "successful", stdout=self.output()),
+                     time.monotonic() - self.started, _children_cpu_seconds() - self.cpu_before)
