@@ -14,6 +14,8 @@ description:
     change with the role.
   - Packs the given files, whose contents the role has already redacted, under one top directory into
     O(dest) (mode 0600, its directory created 0700), in one call instead of one task per file.
+  - The role's action plugin of the same name runs this in the controller's own process (no module
+    interpreter is started); this module does the same where it runs as a module.
 version_added: "1.1.0"
 author: spark-deploy maintainers
 options:
@@ -67,24 +69,19 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "dest": {"type": "path", "required": True},
-            "files": {"type": "list", "elements": "dict", "required": True},
-        },
-        supports_check_mode=True,
-    )
-    dest = module.params["dest"]
-    files = module.params["files"]
-    top = os.path.basename(dest)
-    top = top[: -len(".tar.gz")] if top.endswith(".tar.gz") else top
+def invalid(files):
+    """Why the files cannot be bundled (a path that leaves the bundle), or None."""
     for item in files:
         path = str(item.get("path", ""))
         if not path or path.startswith("/") or ".." in path.split("/"):
-            module.fail_json(msg=f"bundle file path {path!r} must be relative and stay inside the bundle")
-    if module.check_mode:
-        module.exit_json(changed=True, dest=dest, count=len(files))
+            return f"bundle file path {path!r} must be relative and stay inside the bundle"
+    return None
+
+
+def write(dest, files):
+    """Pack the files under the top directory named by dest into dest (0600, its directory 0700), atomically."""
+    top = os.path.basename(dest)
+    top = top[: -len(".tar.gz")] if top.endswith(".tar.gz") else top
     os.makedirs(os.path.dirname(dest) or ".", mode=0o700, exist_ok=True)
     now = time.time()
     tmp = f"{dest}.part"
@@ -102,6 +99,23 @@ def main():
             info.size, info.mode, info.mtime = len(data), 0o600, now
             tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, dest)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "dest": {"type": "path", "required": True},
+            "files": {"type": "list", "elements": "dict", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    dest = module.params["dest"]
+    files = module.params["files"]
+    problem = invalid(files)
+    if problem:
+        module.fail_json(msg=problem)
+    if not module.check_mode:
+        write(dest, files)
     module.exit_json(changed=True, dest=dest, count=len(files))
 
 
