@@ -130,7 +130,10 @@ def make_site(base: Path, hub, host_vars: dict[str, dict] | None = None) -> dict
             "checkpoint_sync_ssh_command": str(rsh),
             # A port of the site's own: local sites of other tests may sync at the same time.
             "checkpoint_sync_rsyncd_port": free_port(),
-            "checkpoint_progress_interval": 1,
+            # A round of the role's progress loop ends when the transfer does (or dies), so this bounds only how
+            # often a transfer that runs on prints, one a test holds, say: each round is a module run and an
+            # include on the controller, and a fetch of this small checkpoint now ends in its first round.
+            "checkpoint_progress_interval": 5,
             "checkpoint_disk_reserve_bytes": 0,
             # The room checkpoint.yml measures first (preflight's disk rule) for this small checkpoint, as the
             # simulated nodes' test site sets it (tests/inventory/group_vars/spark/preflight.yml).
