@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.lib.playbook import REPO, Result, _children_cpu_seconds, _log_run, run_playbook
+from tests.lib.playbook import REPO, Result, children_cpu_seconds, log_run, run_playbook
 from tests.lib.role_module import run_role_module
 from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
@@ -158,7 +158,7 @@ class Operator:
     """
 
     def __init__(self, site: dict, name: str, **extra):
-        self.started, self.cpu_before, self.logged = time.monotonic(), _children_cpu_seconds(), False
+        self.started, self.cpu_before, self.logged = time.monotonic(), children_cpu_seconds(), False
         self.out = site["base"] / f"{name}.out"
         extravars = site["base"] / f"{name}.vars.json"
         extravars.write_text(json.dumps({**site["vars"], **extra}))
@@ -203,5 +203,5 @@ class Operator:
     def _log(self, rc: int) -> None:
         if not self.logged:
             self.logged = True
-            _log_run(PLAYBOOK, False, Result(rc=rc, status="interrupted" if rc else "successful", stdout=self.output()),
-                     time.monotonic() - self.started, _children_cpu_seconds() - self.cpu_before)
+            log_run(PLAYBOOK, False, Result(rc=rc, status="interrupted" if rc else "successful", stdout=self.output()),
+                     time.monotonic() - self.started, children_cpu_seconds() - self.cpu_before)

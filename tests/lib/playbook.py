@@ -90,7 +90,7 @@ def run_playbook(
 ) -> Result:
     """Run `playbook` (a path relative to the repository root) like an operator would."""
     private = Path(tempfile.mkdtemp(prefix="runner-"))
-    started, cpu_before = time.monotonic(), _children_cpu_seconds()
+    started, cpu_before = time.monotonic(), children_cpu_seconds()
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -121,22 +121,23 @@ def run_playbook(
         )
         stdout = r.stdout.read() if r.stdout else ""
         result = Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
-        _log_run(playbook, check, result, time.monotonic() - started, _children_cpu_seconds() - cpu_before)
+        log_run(playbook, check, result, time.monotonic() - started, children_cpu_seconds() - cpu_before)
         return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
 # ---- where CI's budget goes, per playbook run (tests/conftest.py's summary reads it) ----------
+# Also used by tests/lib/checkpoint_site.py for the runs it starts itself, to interrupt them.
 RUN_LOG = Path(tempfile.gettempdir()) / "spark-test-runs"
 
 
-def _children_cpu_seconds() -> float:
+def children_cpu_seconds() -> float:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return children.ru_utime + children.ru_stime
 
 
-def _log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float) -> None:
+def log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float) -> None:
     run = os.environ.get("SPARK_TEST_RUN")
     if not run:
         return
