@@ -26,7 +26,7 @@ def _mode(value) -> int:
 
 def _write(path: str, content: str, mode: int) -> None:
     # Atomic, and never a moment with the final name and a wider mode than asked for.
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".render-")
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".spark-")
     try:
         with os.fdopen(handle, "w") as out:
             out.write(content)
@@ -36,6 +36,11 @@ def _write(path: str, content: str, mode: int) -> None:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _state_diff(path: str, before: str, after: str) -> dict:
+    return {"before_header": path, "after_header": path,
+            "before": {"path": path, "state": before}, "after": {"path": path, "state": after}}
 
 
 class ActionModule(ActionBase):
@@ -58,8 +63,7 @@ class ActionModule(ActionBase):
 
         if files and not os.path.isdir(dest):
             changed = True
-            diffs.append({"before_header": dest, "after_header": dest,
-                          "before": {"path": dest, "state": "absent"}, "after": {"path": dest, "state": "directory"}})
+            diffs.append(_state_diff(dest, "absent", "directory"))
             if not check:
                 os.makedirs(dest, mode=0o755, exist_ok=True)
 
@@ -90,8 +94,7 @@ class ActionModule(ActionBase):
                 path = os.path.join(dest, entry)
                 if entry not in keep and not os.path.islink(path) and os.path.isfile(os.path.join(path, marker)):
                     pruned.append(path)
-                    diffs.append({"before_header": path, "after_header": path,
-                                  "before": {"path": path, "state": "directory"}, "after": {"path": path, "state": "absent"}})
+                    diffs.append(_state_diff(path, "directory", "absent"))
                     if not check:
                         shutil.rmtree(path)
             changed = changed or bool(pruned)
