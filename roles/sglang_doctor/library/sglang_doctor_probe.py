@@ -146,11 +146,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 
-# The unit's properties the doctor reads (filter_plugins/sglang_doctor.py, UNIT_PROPERTIES).
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "NRestarts",
-                   "ActiveEnterTimestamp", "ExecMainStartTimestamp", "ExecMainExitTimestamp", "InvocationID",
-                   "FragmentPath", "ExecStart", "NeedDaemonReload")
-
 # One round trip for what tells how the rank's starts went: the unit's journal with each line's invocation ID
 # (the filter splits the current start from the earlier ones), the kernel's OOM kills, the docker daemon's events
 # of the container (an `oom` event tells an OOM kill from a kill -9: both exit 137, and the unit's
@@ -259,7 +254,9 @@ def main():
     p = module.params
     unit, container, model_dir = p["unit"], p["container"], p["model_dir"]
     commands = {
-        "show": ["systemctl", "show", "--no-pager", "-p", ",".join(UNIT_PROPERTIES), "--", unit],
+        # Every property, as the systemd module registered them: the filter picks the ones it reads
+        # (filter_plugins/sglang_doctor.py, UNIT_PROPERTIES), so the list lives there alone.
+        "show": ["systemctl", "show", "--no-pager", "--", unit],
         "journal": script(LOGS, str(p["journal_lines"]), unit, container, name="sglang-doctor-logs"),
         "unit_file": ["systemctl", "cat", "--no-pager", "--", unit],
         "smi": script(SMI),
