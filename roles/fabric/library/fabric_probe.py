@@ -136,7 +136,10 @@ authorized_keys:
   type: list
   elements: str
 stats:
-  description: Per path of O(stat_paths) as given, C({exists, mode, owner}) (mode as 4 octal digits).
+  description:
+    - Per path of O(stat_paths) as given, C({exists, mode, owner, group, sha1}) (mode as 4 octal digits).
+    - C(sha1) is the content's checksum for a regular file, else empty (the netplan file is compared with its
+      render by it, so that a file in place is not written again).
   returned: always
   type: dict
 pings:
@@ -150,6 +153,8 @@ pings:
 """
 
 import glob
+import grp
+import hashlib
 import os
 import pwd
 import re
@@ -176,15 +181,27 @@ def _read(path):
 
 
 def _stat(path):
+    path = os.path.expanduser(path)
     try:
-        st = os.stat(os.path.expanduser(path))
+        st = os.stat(path)
     except OSError:
-        return {"exists": False, "mode": "", "owner": ""}
+        return {"exists": False, "mode": "", "owner": "", "group": "", "sha1": ""}
     try:
         owner = pwd.getpwuid(st.st_uid).pw_name
     except KeyError:
         owner = str(st.st_uid)
-    return {"exists": True, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "owner": owner}
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    sha1 = ""
+    if stat.S_ISREG(st.st_mode):
+        try:
+            with open(path, "rb") as f:
+                sha1 = hashlib.sha1(f.read()).hexdigest()  # noqa: S324 - compared with Ansible's hash('sha1'), not a secret
+        except OSError:
+            pass
+    return {"exists": True, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "owner": owner, "group": group, "sha1": sha1}
 
 
 def _has_carrier(interface):
