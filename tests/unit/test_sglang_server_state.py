@@ -106,13 +106,17 @@ def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
                      check=False) != "true":
             assert time.monotonic() < deadline, "the container did not start"
             time.sleep(0.1)
-        assert probe(node, check=True)["recorded"] is False, "nothing kept yet"
+        first = probe(node, check=True)
+        assert (first["recorded"], first["pending"]) == (False, False), "nothing kept yet"
         config = {"files": {k: str(v) for k, v in node["paths"].items()}, "store": str(node["store"]),
                   "container": "sglang", "docker": str(DOCKER)}
         run_role_module("sglang_server", "sglang_server_config", {**config, "state": "pending"}, node["tmp"])
-        assert probe(node, check=True)["recorded"] is True, "pending"
+        pending = probe(node, check=True)
+        assert (pending["recorded"], pending["pending"]) == (True, True), "pending"
         run_role_module("sglang_server", "sglang_server_config", {**config, "state": "commit"}, node["tmp"])
-        assert probe(node, check=True)["recorded"] is True, "last good"
+        # Committed: nothing pending is left, so the next commit after verify has nothing to do.
+        committed = probe(node, check=True)
+        assert (committed["recorded"], committed["pending"]) == (True, False), "last good"
         node["paths"]["env"].write_text(f"SGLANG_API_KEY={KEY}\nEXTRA=1\n")
         assert probe(node, check=True)["recorded"] is False, "an edited env file is not what was kept"
     finally:

@@ -126,6 +126,12 @@ recorded:
   description: The installed files and the running container's image are kept as the last good or the pending configuration.
   returned: always
   type: bool
+pending:
+  description:
+    - A pending configuration is kept (it passed readiness and waits for verify); the commit after verify
+      has nothing to do on a rank without one, unless readiness keeps one later in the run.
+  returned: always
+  type: bool
 supervisor_held:
   description: The supervisor is installed and holds a pause or a give-up marker (a resume would clear it).
   returned: always
@@ -272,6 +278,7 @@ def main():
             recorded = (same["last-good"][0] and not same["pending"][1]) or (
                 not same["last-good"][0] and same["pending"][0])
     result["recorded"] = recorded
+    result["pending"] = os.path.isdir(os.path.join(p["store"], "pending"))
 
     state_dir = p["supervisor_state_dir"]
     result["supervisor_held"] = bool(
