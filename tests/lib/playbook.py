@@ -73,7 +73,14 @@ class Result:
         }
 
     def failure_messages(self) -> str:
-        return "\n".join(str(d.get("res", {}).get("msg", "")) for d in self.failed)
+        """Each failed task's message; for a loop, each failed item's too (its own message, or stderr)."""
+        lines = []
+        for d in self.failed:
+            res = d.get("res", {})
+            lines.append(str(res.get("msg", "")))
+            lines += [f"  {d.get('host')}: {d.get('task')} [{item.get('item')}]: {item.get('msg') or item.get('stderr', '')}"
+                      for item in res.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+        return "\n".join(lines)
 
 
 def run_playbook(
