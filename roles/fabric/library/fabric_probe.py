@@ -51,7 +51,14 @@ options:
     type: str
     default: ""
   stat_paths:
-    description: Paths (C(~user) expanded) whose existence, mode and owner are returned.
+    description: Paths (C(~user) expanded) whose existence, mode, owner and group are returned.
+    type: list
+    elements: str
+    default: []
+  checksum_paths:
+    description:
+      - Paths of O(stat_paths) whose content's sha1 is returned too (the netplan file, compared with its render).
+      - Only the paths named here are read, so that no key file among O(stat_paths) is hashed into the output.
     type: list
     elements: str
     default: []
@@ -138,8 +145,7 @@ authorized_keys:
 stats:
   description:
     - Per path of O(stat_paths) as given, C({exists, mode, owner, group, sha1}) (mode as 4 octal digits).
-    - C(sha1) is the content's checksum for a regular file, else empty (the netplan file is compared with its
-      render by it, so that a file in place is not written again).
+    - C(sha1) is the content's checksum where the path is in O(checksum_paths) and a regular file, else empty.
   returned: always
   type: dict
 pings:
@@ -180,7 +186,7 @@ def _read(path):
         return None
 
 
-def _stat(path):
+def _stat(path, checksum=False):
     path = os.path.expanduser(path)
     try:
         st = os.stat(path)
@@ -195,7 +201,7 @@ def _stat(path):
     except KeyError:
         group = str(st.st_gid)
     sha1 = ""
-    if stat.S_ISREG(st.st_mode):
+    if checksum and stat.S_ISREG(st.st_mode):
         try:
             with open(path, "rb") as f:
                 sha1 = hashlib.sha1(f.read()).hexdigest()  # noqa: S324 - compared with Ansible's hash('sha1'), not a secret
@@ -238,6 +244,7 @@ def main():
             "known_hosts_path": {"type": "str", "default": ""},
             "authorized_keys_path": {"type": "str", "default": ""},
             "stat_paths": {"type": "list", "elements": "str", "default": []},
+            "checksum_paths": {"type": "list", "elements": "str", "default": []},
             "ping_interface": {"type": "str", "default": ""},
             "ping_size": {"type": "int", "default": 0},
         },
@@ -272,7 +279,7 @@ def main():
         public_key=(_read(p["public_key_path"]) or "") if p["public_key_path"] else "",
         known_hosts=[line.strip() for line in (known or "").splitlines() if line.strip()],
         authorized_keys=[line.strip() for line in (authorized or "").splitlines() if line.strip()],
-        stats={path: _stat(path) for path in p["stat_paths"]},
+        stats={path: _stat(path, checksum=path in p["checksum_paths"]) for path in p["stat_paths"]},
         pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
     )
 
