@@ -2,6 +2,8 @@
 
 A colon followed by a space inside a plain scalar turns a sentence into a mapping key: ansible-doc
 then refuses the module while everything that runs it still works, so nothing else would notice.
+Inside a list item the YAML still parses (the item is a one-key mapping), so every description is
+also held to what ansible-doc accepts: a string, or a list of strings.
 """
 
 from __future__ import annotations
@@ -28,3 +30,23 @@ def test_documentation_examples_and_return_parse(path):
             pytest.fail(f"{path.relative_to(REPO)}: {name} does not parse: {e}")
     doc = yaml.safe_load(blocks["DOCUMENTATION"])
     assert doc.get("module") == path.stem
+    where = path.relative_to(REPO)
+    bad = _descriptions_not_text(doc, "DOCUMENTATION") + _descriptions_not_text(
+        {"returned": yaml.safe_load(blocks.get("RETURN", "")) or {}}, "RETURN")
+    assert bad == [], f"{where}: descriptions ansible-doc refuses (a ': ' in a list item?): {bad}"
+
+
+def _descriptions_not_text(node, at: str) -> list[str]:
+    """Where a `description` is neither a string nor a list of strings, searching every nested mapping."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "description" and not (
+                    isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
+                found.append(f"{at}.description")
+            elif isinstance(value, (dict, list)):
+                found += _descriptions_not_text(value, f"{at}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _descriptions_not_text(value, f"{at}[{index}]")
+    return found
