@@ -1,0 +1,218 @@
+"""callback_plugins/spark_build_cache.py and lookup_plugins/spark_template.py: what the controller builds
+from unchanged sources is kept between runs, and what it serves from the cache is what it would build.
+
+The Jinja cache is driven in child processes (it patches Ansible's environment class for the process
+that installs it, as the main process does before its workers fork); the payload cache and the lookup
+through real ansible-playbook runs on localhost with a role of the test's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "callback_plugins/spark_build_cache.py"
+VENV_BIN = Path(sys.executable).parent
+
+# Run in a child: install the cache under argv[1], render every case, print the renders and how many
+# templates Jinja really compiled.
+RENDER = textwrap.dedent(r"""
+    import importlib.util, json, sys
+    spec = importlib.util.spec_from_file_location("spark_build_cache", sys.argv[2])
+    cache = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cache)
+    cache._install(sys.argv[1])
+    import jinja2
+    compiled = []
+    original = jinja2.Environment._compile  # the last step of a real compile, cached or not
+    def counting(*args, **kwargs):
+        compiled.append(1)
+        return original(*args, **kwargs)
+    jinja2.Environment._compile = counting
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    templar = Templar(loader=DataLoader(), variables={"name": "spark", "ranks": [0, 1], "flag": True})
+    T = trust_as_template
+    renders = [
+        templar.template(T("{{ name | upper }}-{{ ranks | length }}{% if flag %} on{% endif %}")),
+        templar.template(T("{{ 'a\\1' }}")),
+        templar.template(T("{{ 'a\\1' }}"), escape_backslashes=False),
+        templar.template(T("#jinja2:variable_start_string:'[%', variable_end_string:'%]'\n[% name %] {{ name }}")),
+        templar.evaluate_expression(T("ranks | map('string') | join(',')")),
+        templar.evaluate_conditional(T("name == 'spark' and flag")),
+        templar.evaluate_conditional(T("name != 'spark'")),
+    ]
+    print(json.dumps({"renders": renders, "compiled": len(compiled)}))
+""")
+
+
+def render(cache_dir: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", RENDER, cache_dir, str(PLUGIN)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "HOME": str(Path(cache_dir).parent)})
+    return json.loads(out.stdout)
+
+
+def generations(root: Path, kind: str) -> list[Path]:
+    return sorted(root.glob(f"{kind}-*"))
+
+
+def test_a_second_process_renders_the_same_without_compiling(tmp_path):
+    root = tmp_path / "cache"
+    uncached = render("")
+    first, second = render(str(root)), render(str(root))
+    assert uncached["renders"] == first["renders"] == second["renders"]
+    assert uncached["renders"][1] != uncached["renders"][2], "the backslash modes must differ, or the case proves nothing"
+    assert uncached["renders"][3] == "spark {{ name }}"
+    assert first["compiled"] > 0
+    assert second["compiled"] == 0, "every template and expression came from the cache"
+    [directory] = generations(root, "jinja")
+    assert oct(directory.stat().st_mode & 0o777) == "0o700"
+
+
+def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path):
+    root = tmp_path / "cache"
+    expected = render(str(root))
+    [directory] = generations(root, "jinja")
+    entries = list(directory.iterdir())
+    for entry in entries:
+        entry.write_bytes(b"not marshal data")
+    again = render(str(root))
+    assert again["renders"] == expected["renders"]
+    assert again["compiled"] == expected["compiled"]
+    assert all(entry.read_bytes() != b"not marshal data" for entry in entries)
+
+
+def test_a_cache_directory_others_can_write_to_is_not_used(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    result = render(str(root))
+    assert result["compiled"] > 0
+    assert not generations(root, "jinja")
+    assert render(str(root))["compiled"] == result["compiled"]
+
+
+# ---- through ansible-playbook: the payload cache, a changed filter plugin, the lookup ---------------
+
+ROLE_MODULE = """#!/usr/bin/python
+from ansible.module_utils.basic import AnsibleModule
+AnsibleModule(argument_spec={{}}).exit_json(changed=False, answer={answer!r})
+"""
+
+ROLE_FILTER = """
+def shout(value):
+    return str(value).upper() + {suffix!r}
+
+
+class FilterModule:
+    def filters(self):
+        return {{"shout": shout}}
+"""
+
+PLAYBOOK = """
+- name: Use the test role
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  roles:
+    - role: cached
+"""
+
+TASKS = """
+- name: Run the role's module
+  cached_answer:
+  register: answered
+- name: Render through the role's filter and both template lookups
+  ansible.builtin.copy:
+    dest: "{{ out }}"
+    mode: "0600"
+    content: "{{ {'answer': answered.answer, 'filtered': 'spark' | shout,
+                 'builtin': lookup('ansible.builtin.template', 'unit.j2', template_vars={'extra': 'x'}),
+                 'spark': lookup('spark_template', 'unit.j2', template_vars={'extra': 'x'}),
+                 'builtin_plain': lookup('ansible.builtin.template', 'plain.j2'),
+                 'spark_plain': lookup('spark_template', 'plain.j2')} | to_json }}"
+"""
+
+UNIT = """{{ ansible_managed | comment }}
+[Service]
+{% include 'part.j2' %}
+Environment=NAME={{ name }} EXTRA={{ extra }}
+
+
+"""
+
+
+def make_role(roles: Path, answer: str, suffix: str) -> None:
+    role = roles / "cached"
+    for sub in ("tasks", "library", "filter_plugins", "templates"):
+        (role / sub).mkdir(parents=True, exist_ok=True)
+    (role / "tasks/main.yml").write_text(TASKS)
+    (role / "library/cached_answer.py").write_text(ROLE_MODULE.format(answer=answer))
+    (role / "filter_plugins/shout.py").write_text(ROLE_FILTER.format(suffix=suffix))
+    (role / "templates/unit.j2").write_text(UNIT)
+    (role / "templates/part.j2").write_text("ExecStart=/bin/true {{ name }}\n")
+    (role / "templates/plain.j2").write_text("no newline at the end {{ name }}")
+
+
+def play(tmp_path: Path, cache: Path) -> dict:
+    out = tmp_path / "out.json"
+    (tmp_path / "site.yml").write_text(PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
+           "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"), "SPARK_BUILD_CACHE_DIR": str(cache),
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "local"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "site.yml"),
+                          "-e", json.dumps({"out": str(out), "name": "spark", "ansible_python_interpreter": sys.executable})],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three runs sharing one cache: the first fills it, the second reads it, the third follows a changed
+    module and a changed filter plugin."""
+    tmp_path = tmp_path_factory.mktemp("site")
+    cache = tmp_path / "cache"
+    make_role(tmp_path / "roles", answer="first", suffix="!")
+    first = play(tmp_path, cache)
+    state = {kind: generations(cache, kind) for kind in ("jinja", "ansiballz")}
+    payloads = {p.name: p.stat().st_mtime_ns for p in state["ansiballz"][0].iterdir()}
+    second = play(tmp_path, cache)
+    payloads_after = {p.name: p.stat().st_mtime_ns for p in state["ansiballz"][0].iterdir()}
+    make_role(tmp_path / "roles", answer="second", suffix="?")
+    third = play(tmp_path, cache)
+    return {"first": first, "second": second, "third": third, "state": state, "cache": cache,
+            "payloads": payloads, "payloads_after": payloads_after}
+
+
+def test_module_payloads_are_built_once_and_kept(runs):
+    assert "ansible.legacy.cached_answer-ZIP_DEFLATED-none" in runs["payloads"]
+    # The second run may send a module the first did not (copy finds the file in place and calls file).
+    kept = {name: runs["payloads_after"].get(name) for name in runs["payloads"]}
+    assert kept == runs["payloads"], "the second run built no payload of the first again"
+    assert runs["first"] == runs["second"]
+
+
+def test_a_changed_module_or_filter_plugin_starts_a_new_generation(runs):
+    assert runs["third"]["answer"] == "second", "the changed module ran, not the kept payload"
+    assert runs["third"]["filtered"] == "SPARK?"
+    cache = runs["cache"]
+    for kind in ("jinja", "ansiballz"):
+        assert len(generations(cache, kind)) == 2, f"{kind}: the old generation stays for other checkouts"
+        assert set(runs["state"][kind]) < set(generations(cache, kind))
+
+
+def test_the_lookup_renders_what_the_builtin_template_lookup_renders(runs):
+    rendered = runs["first"]
+    assert rendered["spark"] == rendered["builtin"]
+    assert rendered["spark_plain"] == rendered["builtin_plain"]
+    assert rendered["spark"].startswith("#")  # ansible_managed, as a comment
+    assert "ExecStart=/bin/true spark" in rendered["spark"]
+    assert "EXTRA=x" in rendered["spark"]
