@@ -60,8 +60,18 @@ def keyed_launcher() -> str:
 @functools.cache
 def filter_plugin(role: str, name: str | None = None) -> ModuleType:
     """roles/<role>/filter_plugins/<name>.py (default: the role's name), imported as a module."""
-    path = ROLES / role / "filter_plugins" / f"{name or role}.py"
-    module_name = f"{role}_filter_{name or role}"
+    return _plugin(role, "filter_plugins", name or role)
+
+
+@functools.cache
+def action_plugin(role: str, name: str) -> ModuleType:
+    """roles/<role>/action_plugins/<name>.py, imported as a module."""
+    return _plugin(role, "action_plugins", name)
+
+
+def _plugin(role: str, kind: str, name: str) -> ModuleType:
+    path = ROLES / role / kind / f"{name}.py"
+    module_name = f"{role}_{kind.split('_')[0]}_{name}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up here

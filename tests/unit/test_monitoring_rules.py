@@ -17,9 +17,10 @@ import yaml
 
 from tests.lib.playbook import REPO
 from tests.lib.prometheus_tools import promtool
-from tests.lib.roles import filter_plugin, role_defaults
+from tests.lib.roles import action_plugin, filter_plugin, role_defaults
 
 FILTER = filter_plugin("sglang_monitoring")
+REPORTS = action_plugin("sglang_monitoring", "sglang_monitoring_reports")
 NODES = ["spark-0", "spark-1"]
 HOSTVARS = {"spark-0": {"ansible_host": "10.0.0.10"}, "spark-1": {"ansible_host": "10.0.0.11"},
             "mon-0": {"ansible_host": "10.0.0.20"}}
@@ -308,7 +309,7 @@ def test_reports_keep_the_last_runs_of_each_kind_and_nothing_else():
     names += ["benchmark-20260101T000000Z.json", "benchmark-20260101T000000Z.md", "benchmark-20260101T000000Z.png",
               "benchmark-20260102T000000Z.json", "benchmark-20260103T000000Z.json",
               "doctor-20260101T000000Z.tar.gz", "tune-record.json", "tune-20260101T000000Z.json", "notes.txt"]
-    doomed = FILTER.sglang_monitoring_prune([f"/r/{n}" for n in names], ["verify", "doctor", "benchmark"], 2)
+    doomed = REPORTS.runs_beyond([f"/r/{n}" for n in names], ["verify", "doctor", "benchmark"], 2)
     assert doomed == sorted([
         "/r/verify-20260101T000000Z.json", "/r/verify-20260102T000000Z.json", "/r/verify-20260103T000000Z.json",
         # A run is all its files.

@@ -3,8 +3,7 @@
 One computation serves the inventory check (before any node is contacted) and the deployment:
 ``sglang_monitoring_plan`` refuses what does not parse, each message naming the variable, the value,
 why and the fix; ``sglang_monitoring_prometheus_config`` and ``sglang_monitoring_rules`` build what the
-templates print (and what promtool checks before it is installed); ``sglang_monitoring_prune`` picks the
-report runs to delete on the controller. Plain Python: the unit tests call these functions directly.
+templates print (and what promtool checks before it is installed). Plain Python: the unit tests call these functions directly.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ ALERT_FOR_KEYS = (
 # The supervisor's states (roles/sglang_supervisor/files/sglang_supervisor.py, STATES), as the node
 # collector exports them.
 SUPERVISOR_STATES = ("healthy", "probing-failed", "restarting", "waiting-for-node", "stopped", "paused", "gave-up")
-REPORT_NAME = re.compile(r"^(?P<kind>[a-z][a-z0-9_]*)-(?P<stamp>\d{8}T\d{6}Z)(?P<rest>.*)$")
 
 
 def _show(value):
@@ -452,27 +450,6 @@ def sglang_monitoring_rules(ctx):
     return {"groups": [{"name": "sglang-tp-group", "rules": rules}]}
 
 
-# --- the reports on the controller -------------------------------------------------------------------
-
-
-def sglang_monitoring_prune(paths, kinds, keep):
-    """The report files and directories of runs beyond the newest `keep` of each kind (kind-<UTC stamp>...).
-
-    A run is every entry with the same kind and stamp (benchmark-<stamp>.json, .md and .png are one run);
-    entries without a stamp (tune-record.json) and kinds not listed are never picked.
-    """
-    runs = {}
-    for path in paths or []:
-        match = REPORT_NAME.match(os.path.basename(str(path)))
-        if match and match.group("kind") in (kinds or []):
-            runs.setdefault(match.group("kind"), {}).setdefault(match.group("stamp"), []).append(str(path))
-    doomed = []
-    for stamps in runs.values():
-        for stamp in sorted(stamps, reverse=True)[int(keep):]:
-            doomed += sorted(stamps[stamp])
-    return sorted(doomed)
-
-
 # --- Grafana -----------------------------------------------------------------------------------------
 
 
@@ -539,7 +516,6 @@ class FilterModule:
             "sglang_monitoring_targets": sglang_monitoring_targets,
             "sglang_monitoring_prometheus_config": sglang_monitoring_prometheus_config,
             "sglang_monitoring_rules": sglang_monitoring_rules,
-            "sglang_monitoring_prune": sglang_monitoring_prune,
             "sglang_monitoring_drift": sglang_monitoring_drift,
             "sglang_monitoring_dashboard": sglang_monitoring_dashboard,
             "sglang_monitoring_dashboard_content": sglang_monitoring_dashboard_content,
