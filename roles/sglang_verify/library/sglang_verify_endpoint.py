@@ -88,6 +88,7 @@ import secrets
 import socket
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
@@ -176,21 +177,26 @@ def main():
         # Chat requests name a model the server lists, so a name mismatch fails one check, not three.
         ids = [m.get("id") for m in listed if isinstance(m, dict)]
         model = next((i for i in ids if i == model or str(i).rsplit("/", 1)[-1] == model), ids[0])
+    # The requests after the model list are independent: asked at once, a site waits for the slower of the
+    # two generations instead of their sum (the group serves two requests at once, the seed's concurrency).
+    asked = {}
     if reachable:
-        exchanges["reasoning"] = _exchange(module, "POST", base + "/v1/chat/completions",
-                                           reasoning_request(model, module.params["max_tokens"]))
-        exchanges["tool_call"] = _exchange(module, "POST", base + "/v1/chat/completions",
-                                           tool_request(model, module.params["max_tokens"]))
+        asked["reasoning"] = ("POST", base + "/v1/chat/completions", reasoning_request(model, module.params["max_tokens"]), KEEP)
+        asked["tool_call"] = ("POST", base + "/v1/chat/completions", tool_request(model, module.params["max_tokens"]), KEEP)
     # Who is served: no key, and a key that is not the served one (random, so it is nobody's).
-    exchanges["unauthenticated"] = _exchange(module, "GET", base + "/v1/models", key="")
+    asked["unauthenticated"] = ("GET", base + "/v1/models", None, "")
     if module.params["api_key"]:
-        exchanges["wrong_key"] = _exchange(module, "GET", base + "/v1/models", key="wrong-" + secrets.token_hex(24))
+        asked["wrong_key"] = ("GET", base + "/v1/models", None, "wrong-" + secrets.token_hex(24))
     tls = base.startswith("https://")
-    certificate = None
     if tls:
-        certificate = _certificate(base, module.params["ca_path"], module.params["timeout"])
         # Without the key: a key must never cross the network in clear text.
-        exchanges["plain_http"] = _exchange(module, "GET", "http://" + base[len("https://"):] + "/v1/models", key="")
+        asked["plain_http"] = ("GET", "http://" + base[len("https://"):] + "/v1/models", None, "")
+    with ThreadPoolExecutor(max_workers=len(asked) + 1) as pool:
+        answers = {name: pool.submit(_exchange, module, method, url, payload, key)
+                   for name, (method, url, payload, key) in asked.items()}
+        checked = pool.submit(_certificate, base, module.params["ca_path"], module.params["timeout"]) if tls else None
+        exchanges.update((name, answer.result()) for name, answer in answers.items())
+        certificate = checked.result() if checked else None
     access = {"keyed": bool(module.params["api_key"]), "allow_unauthenticated": module.params["allow_unauthenticated"],
               "key_file": module.params["key_file"], "tls": tls, "ca": module.params["ca_path"]}
     verdict = judge_all({**exchanges, "certificate": certificate}, module.params["expected_model"], access)
