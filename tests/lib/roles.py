@@ -71,7 +71,7 @@ def action_plugin(role: str, name: str) -> ModuleType:
 
 def _plugin(role: str, kind: str, name: str) -> ModuleType:
     path = ROLES / role / kind / f"{name}.py"
-    module_name = f"{role}_{kind.split('_')[0]}_{name}"
+    module_name = f"{role}_{kind.removesuffix('_plugins')}_{name}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up here
