@@ -18,8 +18,9 @@ Each module a run sends is zipped with the module_utils it imports, found by par
 (Ansible's recursive_finder): about 0.2 CPU-s per module, paid again by every run, because Ansible
 keeps the payloads in the run's own temporary directory. The run's payload directory is made a link
 to a directory of this plugin, named by a digest of the versions and of every module and module_utils
-file that a payload can hold (the roles' own and the installed collections'), so a changed module
-starts a new directory. Ansible's own lock and write-then-rename keep concurrent runs safe.
+file that a payload can hold (the roles' own, those of every directory the module loaders search once
+the playbook is loaded - a playbook's adjacent library/ among them - and the installed collections'),
+so a changed module starts a new directory. Ansible's own lock and write-then-rename keep concurrent runs safe.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import tempfile
 import threading
 import time
 
+import ansible
 import jinja2
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
+from ansible.plugins.loader import module_loader, module_utils_loader
 from ansible.release import __version__ as ansible_version
 from jinja2.environment import TemplateExpression
 
@@ -178,13 +181,18 @@ def _template_generation() -> str:
 
 
 def _payload_generation() -> str:
-    """Every file an AnsiballZ payload can be built from, besides Ansible's own."""
+    """Every file an AnsiballZ payload can be built from, besides Ansible's own and the collections' (their
+    manifests): the roles' library and module_utils, and every other directory the module loaders search,
+    a playbook's adjacent library/ included (the playbook is loaded by now)."""
     files = []
     for roles_dir in C.DEFAULT_ROLES_PATH:
-        files += glob.glob(os.path.join(roles_dir, "*", "library", "*.py"))
+        files += glob.glob(os.path.join(roles_dir, "*", "library", "**", "*.py"), recursive=True)
         files += glob.glob(os.path.join(roles_dir, "*", "module_utils", "**", "*.py"), recursive=True)
-    for plugin_dir in (*C.DEFAULT_MODULE_PATH, *C.DEFAULT_MODULE_UTILS_PATH):
-        files += glob.glob(os.path.join(plugin_dir, "**", "*.py"), recursive=True)
+    own = os.path.dirname(ansible.__file__) + os.sep
+    for loader in (module_loader, module_utils_loader):
+        for directory in loader.print_paths().split(os.pathsep):
+            if directory and not os.path.join(directory, "").startswith(own) and "ansible_collections" not in directory:
+                files += glob.glob(os.path.join(directory, "**", "*.py"), recursive=True)
     return _digest("ansiballz", files + _collection_manifests())
 
 
@@ -218,19 +226,25 @@ def _private_directory(path: str) -> bool:
     return stat.st_uid == os.geteuid() and not stat.st_mode & 0o022
 
 
-def _install(root: str) -> None:
+def _install_templates(root: str) -> None:
     global _store  # noqa: PLW0603 - the workers fork from this process and inherit it
     if _store is not None or not root:
         return
     root = os.path.expanduser(root)
-    if not _private_directory(root):
-        return
-    if AnsibleEnvironment is not None and (directory := _generation_directory(root, _template_generation())):
+    if AnsibleEnvironment is not None and _private_directory(root) and (
+            directory := _generation_directory(root, _template_generation())):
         _store = _Store(directory)
         AnsibleEnvironment.compile = _cached_compile
         AnsibleEnvironment.compile_expression = _cached_compile_expression
+
+
+def _install_payloads(root: str) -> None:
+    """Before the first task: the run's payload directory becomes a link to this generation's."""
     payloads = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
-    if not os.path.lexists(payloads) and (directory := _generation_directory(root, _payload_generation())):
+    if not root or os.path.lexists(payloads):
+        return
+    root = os.path.expanduser(root)
+    if _private_directory(root) and (directory := _generation_directory(root, _payload_generation())):
         with contextlib.suppress(OSError):
             os.symlink(directory, payloads)
 
@@ -243,4 +257,7 @@ class CallbackModule(CallbackBase):
 
     def set_options(self, task_keys=None, var_options=None, direct=None):
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
-        _install(self.get_option("cache_dir"))
+        _install_templates(self.get_option("cache_dir"))
+
+    def v2_playbook_on_start(self, playbook):
+        _install_payloads(self.get_option("cache_dir"))

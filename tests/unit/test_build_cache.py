@@ -28,7 +28,7 @@ RENDER = textwrap.dedent(r"""
     spec = importlib.util.spec_from_file_location("spark_build_cache", sys.argv[2])
     cache = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cache)
-    cache._install(sys.argv[1])
+    cache._install_templates(sys.argv[1])
     import jinja2
     compiled = []
     original = jinja2.Environment._compile  # the last step of a real compile, cached or not
@@ -129,11 +129,14 @@ TASKS = """
 - name: Run the role's module
   cached_answer:
   register: answered
+- name: Run the module in the library beside the playbook
+  adjacent_answer:
+  register: adjacent
 - name: Render through the role's filter and both template lookups
   ansible.builtin.copy:
     dest: "{{ out }}"
     mode: "0600"
-    content: "{{ {'answer': answered.answer, 'filtered': 'spark' | shout,
+    content: "{{ {'answer': answered.answer, 'adjacent': adjacent.answer, 'filtered': 'spark' | shout,
                  'builtin': lookup('ansible.builtin.template', 'unit.j2', template_vars={'extra': 'x'}),
                  'spark': lookup('spark_template', 'unit.j2', template_vars={'extra': 'x'}),
                  'builtin_plain': lookup('ansible.builtin.template', 'plain.j2'),
@@ -147,6 +150,11 @@ Environment=NAME={{ name }} EXTRA={{ extra }}
 
 
 """
+
+
+def make_adjacent_library(site: Path, answer: str) -> None:
+    (site / "library").mkdir(exist_ok=True)
+    (site / "library/adjacent_answer.py").write_text(ROLE_MODULE.format(answer=answer))
 
 
 def make_role(roles: Path, answer: str, suffix: str) -> None:
@@ -176,11 +184,12 @@ def play(tmp_path: Path, cache: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three runs sharing one cache: the first fills it, the second reads it, the third follows a changed
-    module and a changed filter plugin."""
+    """Four runs sharing one cache: the first fills it, the second reads it, the third follows a changed role
+    module and filter plugin, the fourth a changed module in the library beside the playbook."""
     tmp_path = tmp_path_factory.mktemp("site")
     cache = tmp_path / "cache"
     make_role(tmp_path / "roles", answer="first", suffix="!")
+    make_adjacent_library(tmp_path, answer="beside")
     first = play(tmp_path, cache)
     state = {kind: generations(cache, kind) for kind in ("jinja", "ansiballz")}
     payloads = {p.name: p.stat().st_mtime_ns for p in state["ansiballz"][0].iterdir()}
@@ -188,7 +197,11 @@ def runs(tmp_path_factory):
     payloads_after = {p.name: p.stat().st_mtime_ns for p in state["ansiballz"][0].iterdir()}
     make_role(tmp_path / "roles", answer="second", suffix="?")
     third = play(tmp_path, cache)
-    return {"first": first, "second": second, "third": third, "state": state, "cache": cache,
+    generations_before_fourth = generations(cache, "ansiballz")
+    make_adjacent_library(tmp_path, answer="moved")
+    fourth = play(tmp_path, cache)
+    return {"first": first, "second": second, "third": third, "fourth": fourth, "state": state, "cache": cache,
+            "generations_before_fourth": generations_before_fourth,
             "payloads": payloads, "payloads_after": payloads_after}
 
 
@@ -205,8 +218,16 @@ def test_a_changed_module_or_filter_plugin_starts_a_new_generation(runs):
     assert runs["third"]["filtered"] == "SPARK?"
     cache = runs["cache"]
     for kind in ("jinja", "ansiballz"):
-        assert len(generations(cache, kind)) == 2, f"{kind}: the old generation stays for other checkouts"
-        assert set(runs["state"][kind]) < set(generations(cache, kind))
+        assert set(runs["state"][kind]) < set(runs["generations_before_fourth"] if kind == "ansiballz"
+                                              else generations(cache, kind)), f"{kind}: no new generation"
+        # The old generation stays: another checkout may be using it.
+        assert set(runs["state"][kind]) <= set(generations(cache, kind))
+
+
+def test_a_changed_module_beside_the_playbook_starts_a_new_generation(runs):
+    assert runs["third"]["adjacent"] == "beside"
+    assert runs["fourth"]["adjacent"] == "moved", "the changed module beside the playbook ran, not the kept payload"
+    assert len(generations(runs["cache"], "ansiballz")) == len(runs["generations_before_fourth"]) + 1
 
 
 def test_the_lookup_renders_what_the_builtin_template_lookup_renders(runs):
