@@ -74,6 +74,9 @@ DOCUMENTATION = """
 """
 
 _UNUSED_FOR = 7 * 24 * 3600  # seconds after which another generation's directory is removed
+# A generation keeps the entries of every template text it ever compiled (edited role variables leave their
+# old texts behind); past this many it starts empty again, which costs one run its compiles.
+_MAX_TEMPLATES = 20000
 
 _ENCODED_SETTINGS = (
     "block_start_string", "block_end_string", "variable_start_string", "variable_end_string",
@@ -108,14 +111,16 @@ class _Store:
             return None
 
     def save(self, key: str, code) -> None:
+        temporary = None
         try:
             handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".")
             with os.fdopen(handle, "wb") as entry:
                 marshal.dump(code, entry)
             os.replace(temporary, os.path.join(self.directory, key))
-        except OSError:
-            with contextlib.suppress(OSError, UnboundLocalError):
-                os.unlink(temporary)
+        except (OSError, ValueError):  # a full disk, or a constant marshal cannot write: compiled, not kept
+            if temporary:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
 
 
 _store: _Store | None = None
@@ -233,6 +238,10 @@ def _install_templates(root: str) -> None:
     root = os.path.expanduser(root)
     if AnsibleEnvironment is not None and _private_directory(root) and (
             directory := _generation_directory(root, _template_generation())):
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            if sum(1 for _ in entries) > _MAX_TEMPLATES:
+                shutil.rmtree(directory, ignore_errors=True)
+                os.makedirs(directory, mode=0o700, exist_ok=True)
         _store = _Store(directory)
         AnsibleEnvironment.compile = _cached_compile
         AnsibleEnvironment.compile_expression = _cached_compile_expression

@@ -28,6 +28,8 @@ RENDER = textwrap.dedent(r"""
     spec = importlib.util.spec_from_file_location("spark_build_cache", sys.argv[2])
     cache = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cache)
+    if len(sys.argv) > 3:
+        cache._MAX_TEMPLATES = int(sys.argv[3])
     cache._install_templates(sys.argv[1])
     import jinja2
     compiled = []
@@ -53,8 +55,9 @@ RENDER = textwrap.dedent(r"""
 """)
 
 
-def render(cache_dir: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", RENDER, cache_dir, str(PLUGIN)], capture_output=True, text=True,
+def render(cache_dir: str, max_templates: int | None = None) -> dict:
+    limit = [] if max_templates is None else [str(max_templates)]
+    out = subprocess.run([sys.executable, "-c", RENDER, cache_dir, str(PLUGIN), *limit], capture_output=True, text=True,
                          check=True, env={**os.environ, "HOME": str(Path(cache_dir).parent)})
     return json.loads(out.stdout)
 
@@ -87,6 +90,18 @@ def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path):
     assert again["renders"] == expected["renders"]
     assert again["compiled"] == expected["compiled"]
     assert all(entry.read_bytes() != b"not marshal data" for entry in entries)
+
+
+def test_a_generation_past_its_size_starts_empty_again(tmp_path):
+    root = tmp_path / "cache"
+    first = render(str(root))
+    [directory] = generations(root, "jinja")
+    (directory / "an-old-text").write_bytes(b"")
+    assert len(list(directory.iterdir())) > first["compiled"]
+    again = render(str(root), max_templates=first["compiled"])
+    assert again["compiled"] == first["compiled"], "it started empty and compiled everything again"
+    assert len(list(directory.iterdir())) == first["compiled"], "the old text went with the rest"
+    assert render(str(root), max_templates=first["compiled"])["compiled"] == 0, "at the limit, nothing is dropped"
 
 
 def test_a_cache_directory_others_can_write_to_is_not_used(tmp_path):
