@@ -3,7 +3,8 @@
 One computation serves the inventory check (before any node is contacted) and the deployment:
 ``sglang_monitoring_plan`` refuses what does not parse, each message naming the variable, the value,
 why and the fix; ``sglang_monitoring_prometheus_config`` and ``sglang_monitoring_rules`` build what the
-templates print (and what promtool checks before it is installed). Plain Python: the unit tests call these functions directly.
+templates print (and what promtool checks before it is installed). Plain Python: the unit tests call these
+functions directly.
 """
 
 from __future__ import annotations
