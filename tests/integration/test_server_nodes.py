@@ -40,7 +40,7 @@ READ = "Pull the SGLang image and read what this rank runs"
 INSTALL_STEP = "Install the unit and its environment where the probe found them different"
 RESTART_STEP = "Restart all ranks together when anything changed"
 READINESS_STEP = "Wait for the head, stop every rank on failure"
-CONVERGE_STEP = "Install, restart and wait for the ranks where the read found work to do"
+STEPS_INCLUDE = "Install, restart and wait for the ranks where the read found work to do"
 PLAN = "Refuse invalid SGLang server settings before any change"
 STAMP_CHECK = "Refuse to start on a checkpoint that is not verified at the pinned revision"
 ARCH_CHECK = "Refuse an image that is missing or not linux/arm64"
@@ -266,7 +266,7 @@ def test_second_run_changes_nothing_and_restarts_nothing(serving, sim_inventory)
     # all of them behind one skipped include per rank, never a line per step or a task per file.
     assert set(result.results(READ)) == {n.name for n in serving.nodes}
     assert outcomes(result, PROBE) == [], "a readiness round ran"
-    assert outcomes(result, CONVERGE_STEP) == ["runner_on_skipped"] * len(serving.nodes)
+    assert outcomes(result, STEPS_INCLUDE) == ["runner_on_skipped"] * len(serving.nodes)
     for step in (INSTALL_STEP, RESTART_STEP, READINESS_STEP):
         assert outcomes(result, step) == [], step
     print(f"no-change server.yml run: {took:.1f} s")
