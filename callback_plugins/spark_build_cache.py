@@ -21,24 +21,36 @@ to a directory of this plugin, named by a digest of the versions and of every mo
 file that a payload can hold (the roles' own, those of every directory the module loaders search once
 the playbook is loaded - a playbook's adjacent library/ among them - and the installed collections'),
 so a changed module starts a new directory. Ansible's own lock and write-then-rename keep concurrent runs safe.
+
+A node imports a payload's Python from the zip, and a zip holds no bytecode, so every module run on a
+node compiled Ansible's module library again: about half of a module's start there (basic.py and what
+it imports). A payload kept here also holds each file's bytecode beside it (an unchecked hash-based
+.pyc, as Python's compileall writes them), compiled by the controller's Python. A node whose Python has
+the same bytecode version (major.minor) imports that instead of compiling; any other finds the magic
+number different and compiles the source as before, so the payload works on every node either way.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import importlib.util
+import io
 import marshal
 import os
 import shutil
 import tempfile
 import threading
 import time
+import zipfile
 
 import ansible
 import jinja2
 from ansible import constants as C
+from ansible.executor import module_common
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import module_loader, module_utils_loader
 from ansible.release import __version__ as ansible_version
@@ -159,10 +171,10 @@ def _cached_compile_expression(self, source, undefined_to_none=True):
         store.pending.key = None
 
 
-def _digest(kind: str, files: list[str]) -> str:
-    """A generation's name: the versions, and the content of every file that decides what it holds."""
-    digest = hashlib.sha256(b"%s %s %s %s" % (kind.encode(), importlib.util.MAGIC_NUMBER, jinja2.__version__.encode(),
-                                              ansible_version.encode()))
+def _digest(kind: str, files: list[str], layout: bytes = b"") -> str:
+    """A generation's name: the versions, the layout of what it holds, and the content of every file that decides it."""
+    digest = hashlib.sha256(b"%s %s %s %s %s" % (kind.encode(), importlib.util.MAGIC_NUMBER, jinja2.__version__.encode(),
+                                                 ansible_version.encode(), layout))
     for path in sorted(set(files)):
         with contextlib.suppress(OSError), open(path, "rb") as source:
             digest.update(b"\0%s\0%s" % (os.path.abspath(path).encode(), hashlib.sha256(source.read()).digest()))
@@ -198,7 +210,46 @@ def _payload_generation() -> str:
         for directory in loader.print_paths().split(os.pathsep):
             if directory and not os.path.join(directory, "").startswith(own) and "ansible_collections" not in directory:
                 files += glob.glob(os.path.join(directory, "**", "*.py"), recursive=True)
-    return _digest("ansiballz", files + _collection_manifests())
+    return _digest("ansiballz", files + _collection_manifests(), _PAYLOAD_LAYOUT)
+
+
+# Payloads of an older layout (without bytecode) belong to another generation.
+_PAYLOAD_LAYOUT = b"pyc-beside-py"
+
+
+def _with_bytecode(zip_data: bytes) -> bytes:
+    """The base64 payload zip again, each .py followed by its .pyc; on any trouble, the payload as it was."""
+    try:
+        source = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, mode="w", compression=zipfile.ZIP_DEFLATED) as target:
+            names = set(source.namelist())
+            for info in source.infolist():
+                data = source.read(info)
+                target.writestr(info, data)
+                if info.filename.endswith(".py") and info.filename + "c" not in names:
+                    code = compile(data, info.filename, "exec", dont_inherit=True)
+                    # PEP 552: magic, flags 0b01 (hash-based, not checked against the source), source hash, code.
+                    pyc = (importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little")
+                           + importlib.util.source_hash(data) + marshal.dumps(code))
+                    target.writestr(_sibling(info, info.filename + "c"), pyc)
+        return base64.b64encode(out.getvalue())
+    except (SyntaxError, ValueError, zipfile.BadZipFile):
+        return zip_data
+
+
+def _sibling(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
+    sibling = zipfile.ZipInfo(name, date_time=info.date_time)
+    sibling.compress_type = zipfile.ZIP_DEFLATED
+    sibling.external_attr = info.external_attr
+    return sibling
+
+
+def _dump_with_bytecode(self, path: str) -> None:
+    _original_dump(dataclasses.replace(self, zip_data=_with_bytecode(self.zip_data)), path)
+
+
+_original_dump = module_common._CachedModule.dump
 
 
 def _generation_directory(root: str, generation: str) -> str | None:
@@ -256,6 +307,8 @@ def _install_payloads(root: str) -> None:
     if _private_directory(root) and (directory := _generation_directory(root, _payload_generation())):
         with contextlib.suppress(OSError):
             os.symlink(directory, payloads)
+            # Only the payloads kept here get bytecode: the dump below writes them for later runs.
+            module_common._CachedModule.dump = _dump_with_bytecode
 
 
 class CallbackModule(CallbackBase):

@@ -8,14 +8,20 @@ through real ansible-playbook runs on localhost with a role of the test's own.
 
 from __future__ import annotations
 
+import base64
+import importlib.util
+import io
 import json
+import marshal
 import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
+from ansible.executor.module_common import _CachedModule
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "callback_plugins/spark_build_cache.py"
@@ -226,6 +232,53 @@ def test_module_payloads_are_built_once_and_kept(runs):
     kept = {name: runs["payloads_after"].get(name) for name in runs["payloads"]}
     assert kept == runs["payloads"], "the second run built no payload of the first again"
     assert runs["first"] == runs["second"]
+
+
+# A node runs a payload from its zip; the second run above ran the kept payload, bytecode and all.
+IMPORT_FROM_ZIP = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import ansible.module_utils.basic as basic
+    print(basic.__file__)
+""")
+
+
+def kept_payload(runs) -> zipfile.ZipFile:
+    kept = _CachedModule.load(str(runs["state"]["ansiballz"][0] / "ansible.legacy.cached_answer-ZIP_DEFLATED-none"))
+    return zipfile.ZipFile(io.BytesIO(base64.b64decode(kept.zip_data)))
+
+
+def test_a_kept_payload_carries_each_files_bytecode_beside_it(runs):
+    payload = kept_payload(runs)
+    names = set(payload.namelist())
+    sources = sorted(n for n in names if n.endswith(".py"))
+    assert "ansible/module_utils/basic.py" in sources
+    assert [n for n in sources if n + "c" not in names] == []
+    for name in sources:
+        pyc = payload.read(name + "c")
+        # PEP 552: this Python's magic, hash-based and unchecked, the source's hash, its code.
+        assert pyc[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(pyc[4:8], "little") == 0b01, name
+        assert pyc[8:16] == importlib.util.source_hash(payload.read(name)), name
+        code = compile(payload.read(name), name, "exec", dont_inherit=True)
+        assert marshal.loads(pyc[16:]).co_code == code.co_code, name  # noqa: S302 - the test's own payload
+
+
+def test_a_node_imports_the_bytecode_when_its_python_matches_and_the_source_when_not(runs, tmp_path):
+    payload = kept_payload(runs)
+    matching, other = tmp_path / "matching.zip", tmp_path / "other.zip"
+    payload.fp.seek(0)
+    matching.write_bytes(payload.fp.read())
+    # Another Python's bytecode: the same files with another magic number.
+    with zipfile.ZipFile(other, "w") as out:
+        for info in payload.infolist():
+            data = payload.read(info)
+            out.writestr(info, b"\x00\x00" + data[2:] if info.filename.endswith(".pyc") else data)
+    imported = {zip_path.name: subprocess.run([sys.executable, "-I", "-c", IMPORT_FROM_ZIP, str(zip_path)],
+                                              capture_output=True, text=True, check=True).stdout.strip()
+                for zip_path in (matching, other)}
+    assert imported["matching.zip"].endswith("/matching.zip/ansible/module_utils/basic.pyc"), imported
+    assert imported["other.zip"].endswith("/other.zip/ansible/module_utils/basic.py"), imported
+
 
 
 def test_a_changed_module_or_filter_plugin_starts_a_new_generation(runs):
