@@ -280,7 +280,6 @@ def test_a_node_imports_the_bytecode_when_its_python_matches_and_the_source_when
     assert imported["other.zip"].endswith("/other.zip/ansible/module_utils/basic.py"), imported
 
 
-
 def test_a_changed_module_or_filter_plugin_starts_a_new_generation(runs):
     assert runs["third"]["answer"] == "second", "the changed module ran, not the kept payload"
     assert runs["third"]["filtered"] == "SPARK?"
