@@ -70,7 +70,8 @@ DOCUMENTATION = """
       - Stores the code object of each template or expression the controller compiles, keyed by a digest of
         everything that decides it, and reads it back in later runs and other workers instead of compiling again.
       - Keeps the modules' AnsiballZ payloads in a directory named by a digest of the module sources, instead of
-        the run's temporary directory.
+        the run's temporary directory, each with its Python files' bytecode beside them (used by a node whose Python
+        has the controller's bytecode version, ignored by any other).
       - Has no output and changes nothing on any host; it needs no enabling.
     options:
       cache_dir:
