@@ -88,8 +88,9 @@ DOCUMENTATION = """
 
 _UNUSED_FOR = 7 * 24 * 3600  # seconds after which another generation's directory is removed
 # A generation keeps the entries of every template text it ever compiled (edited role variables leave their
-# old texts behind); past this many it starts empty again, which costs one run its compiles.
-_MAX_TEMPLATES = 20000
+# old texts behind), and every run reads them all; past this many it starts empty again, which costs one run
+# its compiles (a site.yml compiles about a thousand).
+_MAX_TEMPLATES = 5000
 
 _ENCODED_SETTINGS = (
     "block_start_string", "block_end_string", "variable_start_string", "variable_end_string",
@@ -104,6 +105,15 @@ class _Store:
     def __init__(self, directory: str):
         self.directory = directory
         self.pending = threading.local()
+        # Read once here, in the main process, and inherited by every worker it forks: a worker that opened
+        # an entry per template it compiles spent more on the files than on the code (a no-change site.yml
+        # loads thousands); reading them all costs a few tens of milliseconds per run.
+        self.entries: dict[str, bytes] = {}
+        with contextlib.suppress(OSError), os.scandir(directory) as found:
+            for entry in found:
+                if not entry.name.startswith("."):
+                    with contextlib.suppress(OSError), open(entry.path, "rb") as kept:
+                        self.entries[entry.name] = kept.read()
 
     def key(self, env, kind: str, source: str, *extra) -> str | None:
         if env._debuggable_template_source or not isinstance(env.autoescape, bool):  # noqa: SLF001
@@ -118,8 +128,11 @@ class _Store:
 
     def load(self, key: str):
         try:
-            with open(os.path.join(self.directory, key), "rb") as entry:
-                return marshal.load(entry)  # noqa: S302 - written by this plugin, in a directory only its user can write
+            data = self.entries.get(key)
+            if data is None:  # kept by a run or worker that started after this run read the directory
+                with open(os.path.join(self.directory, key), "rb") as entry:
+                    data = entry.read()
+            return marshal.loads(data)  # noqa: S302 - written by this plugin, in a directory only its user can write
         except (OSError, EOFError, ValueError, TypeError):
             return None
 

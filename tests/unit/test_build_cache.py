@@ -34,9 +34,13 @@ RENDER = textwrap.dedent(r"""
     spec = importlib.util.spec_from_file_location("spark_build_cache", sys.argv[2])
     cache = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cache)
-    if len(sys.argv) > 3:
+    if len(sys.argv) > 3 and sys.argv[3]:
         cache._MAX_TEMPLATES = int(sys.argv[3])
     cache._install_templates(sys.argv[1])
+    if len(sys.argv) > 4:  # the entries are gone from the disk once the cache is installed
+        import os
+        for entry in os.scandir(cache._store.directory):
+            os.unlink(entry.path)
     import jinja2
     compiled = []
     original = jinja2.Environment._compile  # the last step of a real compile, cached or not
@@ -61,8 +65,8 @@ RENDER = textwrap.dedent(r"""
 """)
 
 
-def render(cache_dir: str, max_templates: int | None = None) -> dict:
-    limit = [] if max_templates is None else [str(max_templates)]
+def render(cache_dir: str, max_templates: int | None = None, *, wipe_after_install: bool = False) -> dict:
+    limit = ["" if max_templates is None else str(max_templates)] + (["wipe"] if wipe_after_install else [])
     out = subprocess.run([sys.executable, "-c", RENDER, cache_dir, str(PLUGIN), *limit], capture_output=True, text=True,
                          check=True, env={**os.environ, "HOME": str(Path(cache_dir).parent)})
     return json.loads(out.stdout)
@@ -83,6 +87,14 @@ def test_a_second_process_renders_the_same_without_compiling(tmp_path):
     assert second["compiled"] == 0, "every template and expression came from the cache"
     [directory] = generations(root, "jinja")
     assert oct(directory.stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_entries_are_read_when_the_cache_is_installed_not_per_template(tmp_path):
+    # Ansible's workers fork from the process that installed the cache: what it read, they have.
+    root = tmp_path / "cache"
+    first = render(str(root))
+    assert first["compiled"] > 0
+    assert render(str(root), wipe_after_install=True)["compiled"] == 0
 
 
 def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path):
