@@ -237,6 +237,18 @@ def test_tasks_from_names_a_declared_entry_point():
             f"{path.relative_to(REPO)} skips the spec validation of {role} tasks_from {entry}, which declares options")
 
 
+def test_no_content_reads_the_deprecated_vars_dictionary():
+    # callback_plugins/spark_vars_untagged.py drops ansible-core's deprecation tag on `vars` (its cost is paid
+    # per host and task): the warning it would give is then missing, so nothing here may read `vars`.
+    reads = re.compile(r"(?<![\w.'\"])vars\s*(\[|\.|\|)")
+    files = [*all_task_files(), *(REPO / "roles").glob("*/vars/*.yml"), *(REPO / "roles").glob("*/defaults/*.yml"),
+             *(REPO / "roles").glob("*/templates/*.j2"), *(REPO / "group_vars").rglob("*.yml")]
+    found = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+             for path in files for number, line in enumerate(path.read_text().splitlines(), 1)
+             if not line.lstrip().startswith("#") and reads.search(line)]
+    assert not found, "read the variable by its name instead of through vars:\n" + "\n".join(found)
+
+
 def test_checkpoint_modules_use_only_public_hub_api():
     for path in sorted((REPO / "roles" / "checkpoint").rglob("*.py")):
         text = path.read_text()
