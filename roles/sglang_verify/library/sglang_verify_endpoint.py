@@ -97,12 +97,12 @@ from ansible.module_utils.sglang_verify_judge import (
     reasoning_request,
     tool_request,
 )
-from ansible.module_utils.urls import open_url
+from ansible.module_utils.urls import Request, make_context
 
 KEEP = object()
 
 
-def _exchange(module, method, url, payload=None, key=KEEP):
+def _exchange(module, method, url, payload=None, key=KEEP, *, context):
     headers = {"Accept": "application/json"}
     key = module.params["api_key"] if key is KEEP else key
     if key:
@@ -114,9 +114,8 @@ def _exchange(module, method, url, payload=None, key=KEEP):
     started = time.monotonic()
     result = {"status": None, "error": "", "body_text": "", "json": None}
     try:
-        response = open_url(url, method=method, data=data, headers=headers, timeout=module.params["timeout"],
-                            follow_redirects="none", validate_certs=True,
-                            ca_path=(module.params["ca_path"] or None) if url.startswith("https://") else None)
+        response = Request().open(method, url, data=data, headers=headers, timeout=module.params["timeout"],
+                                  follow_redirects="none", validate_certs=True, context=context)
         result["status"] = response.status
         raw = response.read()
     except Exception as exc:  # noqa: BLE001 - every transport failure is a verification result
@@ -169,7 +168,12 @@ def main():
         supports_check_mode=True,
     )
     base = module.params["endpoint"].rstrip("/")
-    exchanges = {"models": _exchange(module, "GET", base + "/v1/models")}
+    tls = base.startswith("https://")
+    # One TLS context for every request of the run: open_url makes one per request, each loading the system's
+    # CA store again (most of this module's CPU against a plain endpoint). A plain http:// request never uses
+    # it, so without TLS the context is a bare one that loads nothing.
+    context = make_context(cafile=module.params["ca_path"] or None) if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    exchanges = {"models": _exchange(module, "GET", base + "/v1/models", context=context)}
     reachable = exchanges["models"]["status"] is not None
     model = module.params["expected_model"]
     listed = (exchanges["models"].get("json") or {}).get("data") if reachable else None
@@ -187,12 +191,11 @@ def main():
     asked["unauthenticated"] = ("GET", base + "/v1/models", None, "")
     if module.params["api_key"]:
         asked["wrong_key"] = ("GET", base + "/v1/models", None, "wrong-" + secrets.token_hex(24))
-    tls = base.startswith("https://")
     if tls:
         # Without the key: a key must never cross the network in clear text.
         asked["plain_http"] = ("GET", "http://" + base[len("https://"):] + "/v1/models", None, "")
     with ThreadPoolExecutor(max_workers=len(asked) + 1) as pool:
-        answers = {name: pool.submit(_exchange, module, method, url, payload, key)
+        answers = {name: pool.submit(_exchange, module, method, url, payload, key, context=context)
                    for name, (method, url, payload, key) in asked.items()}
         checked = pool.submit(_certificate, base, module.params["ca_path"], module.params["timeout"]) if tls else None
         exchanges.update((name, answer.result()) for name, answer in answers.items())
