@@ -197,12 +197,13 @@ def _process_cpu_seconds() -> float:
 
 @pytest.fixture(scope="module", autouse=True)
 def _module_cpu(request):
-    start = _process_cpu_seconds()
+    start, connections = _process_cpu_seconds(), sim.SSH_CONNECTIONS["count"]
     nodes = {"own": 0.0}
     request.node.stash[_NODES_CPU] = nodes
     yield
     run = os.environ.get("SPARK_TEST_RUN", "")
-    line = {"module": request.node.nodeid, "controller": _process_cpu_seconds() - start, "nodes": nodes["own"]}
+    line = {"module": request.node.nodeid, "controller": _process_cpu_seconds() - start, "nodes": nodes["own"],
+            "ssh": sim.SSH_CONNECTIONS["count"] - connections}
     with open(f"{_CPU_LOG}-{run}.jsonl", "a") as log:
         log.write(json.dumps(line) + "\n")
 
@@ -238,16 +239,18 @@ def pytest_terminal_summary(terminalreporter, config):
         runs_of.setdefault(entry["test"].split("::", 1)[0], []).append(entry)
     ranked = sorted(_module_seconds.items(), key=lambda kv: -kv[1])
     terminalreporter.write_sep("=", "per module: wall seconds (setup + call + teardown), CPU seconds (controller + nodes), "
-                                    "playbook runs (their controller CPU-s)")
+                                    "playbook runs (their controller CPU-s), the harness's own SSH connections")
     for module, seconds in ranked[:30]:
         c = cpu.get(module, {})
         mine = runs_of.get(module, [])
         terminalreporter.write_line(f"{seconds:8.1f}s wall  {c.get('controller', 0):7.1f} + {c.get('nodes', 0):7.1f} CPU-s  "
-                                    f"{len(mine):4d} runs ({sum(r['cpu'] for r in mine):6.1f})  {module}")
+                                    f"{len(mine):4d} runs ({sum(r['cpu'] for r in mine):6.1f}) "
+                                    f"{c.get('ssh', 0):5d} ssh  {module}")
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s wall  "
                                 f"{sum(c['controller'] for c in cpu.values()):7.1f} + "
                                 f"{sum(c['nodes'] for c in cpu.values()):7.1f} CPU-s  "
-                                f"{len(runs):4d} runs ({sum(r['cpu'] for r in runs):6.1f})  in all modules")
+                                f"{len(runs):4d} runs ({sum(r['cpu'] for r in runs):6.1f}) "
+                                f"{sum(c.get('ssh', 0) for c in cpu.values()):5d} ssh  in all modules")
     if runs:
         terminalreporter.write_sep("-", "costliest playbook runs: controller CPU-s, wall s, task results on the nodes")
         for entry in sorted(runs, key=lambda r: -r["cpu"])[:15]:

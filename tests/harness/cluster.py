@@ -688,7 +688,12 @@ def ssh_base(n: Node, known_hosts: str = "/dev/null") -> list[str]:
     ]
 
 
+# The connections ssh() opened in this process: tests/conftest.py's summary shows them per module.
+SSH_CONNECTIONS = {"count": 0}
+
+
 def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60) -> str:
+    SSH_CONNECTIONS["count"] += 1
     proc = subprocess.run(ssh_base(n) + [command], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise RuntimeError(f"ssh {n.name} {command!r} failed ({proc.returncode}): {proc.stderr.strip()}")
