@@ -104,7 +104,11 @@ def rank(sim_cluster):
                    f"--gpus all --volume {model_dir}:/model:ro {env}{IMAGE} {launch} "
                    f"--model-path /model --host 127.0.0.1 --port {port} --context-length 4096 "
                    "--max-running-requests 2")
-        wait_for(lambda: "fired up" in sim.ssh(n, f"journalctl -u {unit} --no-pager -q", check=False),
+        # This start's own journal lines: the unit's name also holds an earlier test's rank, which served.
+        invocation = sim.ssh(n, f"systemctl show -p InvocationID --value {unit}").strip()
+        assert invocation, f"{unit} on {name} did not start"
+        wait_for(lambda: "fired up" in sim.ssh(n, f"journalctl _SYSTEMD_INVOCATION_ID={invocation} --no-pager -q -o cat",
+                                                check=False),
                  f"the stand-in rank in {unit} on {name} to serve")
         held = gpu_pids(n) & cgroup_pids(n, f"/system.slice/{unit}")
         assert held, f"nvidia-smi does not list the processes of {unit} on {name}: the test would prove nothing"
