@@ -106,8 +106,8 @@ class _Store:
         self.directory = directory
         self.pending = threading.local()
         # Read once here, in the main process, and inherited by every worker it forks: a worker that opened
-        # an entry per template it compiles spent more on the files than on the code (a no-change site.yml
-        # loads thousands); reading them all costs a few tens of milliseconds per run.
+        # an entry per template it compiles spent more on the files than on the code (the same entries, read
+        # again by each of a run's hundreds of workers); reading them all costs a few tens of milliseconds per run.
         self.entries: dict[str, bytes] = {}
         with contextlib.suppress(OSError), os.scandir(directory) as found:
             for entry in found:

@@ -488,7 +488,7 @@ def _prepare_node(c: Cluster, n: Node, rootfs: Path, wheels: Path, knobs: dict) 
                     f"      addresses: [{n.mgmt_ip}/24]\n")
     mgmt.chmod(0o600)
     # Each node's own host keys, of the three types DGX OS has; RSA at 2048 bits, not ssh-keygen -A's 3072:
-    # the size decides nothing here, and the 3072-bit key took 1.4 of the 1.4 CPU-s a node's keys cost.
+    # the size decides nothing here, and the 3072-bit key was nearly all of the 1.4 CPU-s a node's keys cost.
     for kind, bits in (("rsa", ["-b", "2048"]), ("ecdsa", []), ("ed25519", [])):
         key = m / f"etc/ssh/ssh_host_{kind}_key"
         key.unlink(missing_ok=True)

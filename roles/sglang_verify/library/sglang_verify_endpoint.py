@@ -170,8 +170,8 @@ def main():
     base = module.params["endpoint"].rstrip("/")
     tls = base.startswith("https://")
     # One TLS context for every request of the run: open_url makes one per request, each loading the system's
-    # CA store again (most of this module's CPU against a plain endpoint). A plain http:// request never uses
-    # it, so without TLS the context is a bare one that loads nothing.
+    # CA store again. A plain http:// request never uses it, so without TLS the context is a bare one that
+    # loads nothing.
     context = make_context(cafile=module.params["ca_path"] or None) if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     exchanges = {"models": _exchange(module, "GET", base + "/v1/models", context=context)}
     reachable = exchanges["models"]["status"] is not None
