@@ -2,207 +2,34 @@
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
-from .nodes import REPO, BenchError, StagedModule, close_masters, sh, timed, tree_bytes
+from .context import (
+    BENCH_DIR,
+    PRODUCT_DEFAULTS,
+    RUNNER_ENV,
+    SYSTEM_PYTHON,
+    Context,
+    defaults_config,
+    effective_settings,
+    no_inherited_ansible_env,
+    node_task_counts,
+    rounds,
+    settings_text,
+    task_seconds,
+)
+from .nodes import REPO, BenchError, StagedModule, close_masters
 from .recovery import recovery
 from .report import Figure, median, mib_per_s, read_loadavg
-
-# What the test inventory turns off to save the tests time, back as a site gets it: figures are taken on the
-# product's defaults (tests/inventory/group_vars/spark/monitoring.yml and server.yml say why they differ).
-PRODUCT_DEFAULTS = {"spark_monitoring": True, "sglang_supervisor_enabled": True}
-BENCH_DIR = "/opt/bench"  # scratch on the nodes, outside the deployed checkpoint
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@dataclass
-class Context:
-    cluster: sim.Cluster
-    workdir: Path  # controller-side scratch, removed at the end
-    control_dir: Path
-    hub_url: str
-    repo_id: str
-    revision: str
-    model_dir: str  # the converged checkpoint on every node (spark_model_dir of the test site)
-    venv_dir: str  # checkpoint_venv_dir: the hub client the role installed on the head
-    fetch_workers: int
-    sync_streams: int
-    sync_ssh_command: str
-    sync_transport: str = "rsyncd"  # checkpoint_sync_transport
-    sync_rsyncd_port: int = 28730  # checkpoint_sync_rsyncd_port (the first worker's)
-    shards: int = 120
-    files: list[str] = field(default_factory=list)
-    total_bytes: int = 0
-    log: list[str] = field(default_factory=list)
-
-    @property
-    def inventory(self) -> Path:
-        return self.cluster.inventory
-
-    @property
-    def head(self) -> sim.Node:
-        return self.cluster.nodes[0]
-
-    @property
-    def worker(self) -> sim.Node:
-        return self.cluster.nodes[1]
-
-    @property
-    def extravars(self) -> dict:
-        # The verify role writes its report on the controller: into our scratch, not the checkout.
-        return {**PRODUCT_DEFAULTS, "checkpoint_revision": self.revision, "checkpoint_hf_endpoint": self.hub_url,
-                "sglang_verify_report_dir": str(self.workdir / "reports")}
-
-    def say(self, msg: str) -> None:
-        line = f"bench: {msg}"
-        print(line, flush=True)
-        self.log.append(line)
-
-    def sh(self, node: sim.Node, command: str, **kw) -> str:
-        return sh(node, self.control_dir, command, **kw)
-
-    def timed(self, node: sim.Node, command: str, **kw) -> tuple[float, str]:
-        return timed(node, self.control_dir, command, **kw)
-
-    def expect_tree(self, node: sim.Node, directory: str, what: str) -> None:
-        """A copy that is short of the checkpoint must not count as a fast copy."""
-        nfiles, nbytes = tree_bytes(node, self.control_dir, directory)
-        if nfiles != len(self.files) or nbytes != self.total_bytes:
-            raise BenchError(f"{what} left {nfiles} files / {nbytes} bytes in {node.name}:{directory}, "
-                             f"expected {len(self.files)} / {self.total_bytes}")
-
-
-def _rounds(ctx: Context, name: str, runs: int, steps: list, order_rotates: bool = True) -> dict[str, list]:
-    """Run the steps once per round, rotating their order so drift in background load is shared.
-
-    A step that fails leaves None for that round (reported), the others still count.
-    """
-    samples: dict[str, list] = {key: [] for key, _ in steps}
-    for r in range(runs):
-        shift = r % len(steps) if order_rotates else 0
-        for key, step in steps[shift:] + steps[:shift]:
-            try:
-                value = step()
-                ctx.say(f"{name} round {r + 1}/{runs}: {key} = {value:.3f}")
-            except (BenchError, OSError, TimeoutError) as e:
-                value = None
-                ctx.say(f"{name} round {r + 1}/{runs}: {key} FAILED: {e}")
-            samples[key].append(value)
-    return samples
-
-
-# ---- 1. no-change re-run of site.yml ---------------------------------------------------------------
-
-def defaults_config(ctx: Context) -> Path:
-    """Ansible's defaults, plus only what a run needs to find the project (its roles, collections and the lookup
-    the roles call) and to trust host keys.
-
-    No pipelining, the default ssh_args (-C -o ControlMaster=auto -o ControlPersist=60s, so connections
-    are reused within the run), forks 5, implicit gathering (every play here says gather_facts: false),
-    interpreter discovery (auto), the default connection timeout.
-    """
-    path = ctx.workdir / "ansible-defaults.cfg"
-    path.write_text(
-        "# Written by benchmarks/figures.py: Ansible defaults for everything that bears on speed.\n"
-        "[defaults]\n"
-        f"roles_path = {REPO / 'roles'}\n"
-        f"collections_path = {REPO / '.collections'}\n"
-        f"lookup_plugins = {REPO / 'lookup_plugins'}\n"
-        f"inventory = {ctx.inventory}\n"
-        "host_key_checking = True\n"
-        "retry_files_enabled = False\n"
-    )
-    return path
-
-
-# What ansible-runner puts in every run's environment (ansible_runner/config/_base.py), on both sides
-# alike; everything else comes from the config file. ANSIBLE_* variables of the shell that started
-# the benchmark are not passed on (see _no_inherited_ansible_env).
-RUNNER_ENV = {"ANSIBLE_STDOUT_CALLBACK": "awx_display", "ANSIBLE_RETRY_FILES_ENABLED": "False",
-              "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_CACHE_PLUGIN": "jsonfile"}
-# The settings that bear on a run's speed, as ansible-config names them.
-SPEED_SETTINGS = ("DEFAULT_FORKS", "DEFAULT_STRATEGY", "DEFAULT_GATHERING", "INTERPRETER_PYTHON", "CACHE_PLUGIN",
-                  "DEFAULT_TIMEOUT")
-SSH_SETTINGS = ("pipelining", "ssh_args", "ssh_common_args", "ssh_extra_args")
-
-
-@contextlib.contextmanager
-def _no_inherited_ansible_env():
-    """Run without the caller's ANSIBLE_* variables: ansible-runner copies os.environ into every run,
-    so an exported ANSIBLE_SSH_ARGS= (which turns connection reuse off) or ANSIBLE_PIPELINING would
-    silently change the baseline (or the project's side) away from what its config file says."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("ANSIBLE_")}
-    for k in saved:
-        del os.environ[k]
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def effective_settings(config: Path, control_dir: Path) -> dict:
-    """The speed settings a run with `config` gets, as ansible-config reports them in the run's environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(RUNNER_ENV, ANSIBLE_CONFIG=str(config), ANSIBLE_SSH_CONTROL_PATH_DIR=str(control_dir))
-    ansible_config = str(Path(sys.executable).parent / "ansible-config")
-    out = subprocess.run([ansible_config, "dump", "-t", "all", "--format", "json"], env=env, capture_output=True,
-                         text=True, timeout=300, check=True).stdout
-    dump = json.loads(out)
-    found = {e["name"]: e["value"] for e in dump if isinstance(e, dict) and e.get("name") in SPEED_SETTINGS}
-    for entry in dump:
-        for ssh in (entry.get("CONNECTION_PLUGINS") or []) if isinstance(entry, dict) else []:
-            for option in ssh.get("ssh") or []:
-                if option.get("name") in SSH_SETTINGS:
-                    found[f"ssh {option['name']}"] = option.get("value")
-    return found
-
-
-def _settings_text(settings: dict) -> str:
-    return "; ".join(f"{k.removeprefix('DEFAULT_').lower()}={v!r}" for k, v in sorted(settings.items()))
-
-
-def _task_seconds(events: list[dict]) -> Counter:
-    """Wall seconds per task: from its start event to the next task's (or the recap's)."""
-    marks = [(e["created"], f"{e['event_data'].get('role') or '-'}: {e['event_data'].get('task')}")
-             for e in events if e.get("event") in ("playbook_on_task_start", "playbook_on_stats")]
-    out: Counter = Counter()
-    for (a, name), (b, _) in zip(marks, marks[1:], strict=False):
-        out[name] += (datetime.datetime.fromisoformat(b) - datetime.datetime.fromisoformat(a)).total_seconds()
-    return out
-
-
-def node_task_counts(r) -> dict[str, int]:
-    """What a run did on the nodes: task results that reached a node (ok, changed, failed or unreachable on a
-    node, not delegated to the controller), those skipped there, and those that ran on the controller."""
-    counts = {"on_nodes": 0, "skipped": 0, "controller": 0}
-    for e in r.task_events():
-        kind, data = e["event"], e["event_data"]
-        if kind == "runner_on_start":
-            continue
-        delegated = data.get("res", {}).get("_ansible_delegated_vars", {}).get("ansible_delegated_host")
-        if data.get("host") == "localhost" or delegated == "localhost":
-            counts["controller"] += 1
-        elif kind == "runner_on_skipped":
-            counts["skipped"] += 1
-        else:
-            counts["on_nodes"] += 1
-    return counts
-
+from .task_floor import task_floor
 
 NOCHANGE_TARGET_SECONDS = 15.0
 
@@ -226,7 +53,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
                 env["ANSIBLE_CALLBACK_PLUGINS"] = ""  # stock: not even the project's plugin cache
             t0 = time.monotonic()
             try:
-                with _no_inherited_ansible_env():
+                with no_inherited_ansible_env():
                     r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=1800, envvars=env)
             finally:
                 seconds = time.monotonic() - t0
@@ -239,14 +66,14 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
             changed[which].append({"nodes": on_nodes, "controller": on_controller})
             tasks[which].append(node_task_counts(r))
             if which == "project":
-                slowest.update(_task_seconds(r.events))
+                slowest.update(task_seconds(r.events))
             return seconds
         return step
 
     # The exact settings each side ran with (speed-relevant ones), named in the figure.
     settings = {which: effective_settings(cfg, ctx.control_dir / "site-settings") for which, cfg in configs.items()}
     inherited = sorted(k for k in os.environ if k.startswith("ANSIBLE_"))
-    s = _rounds(ctx, "site.yml no-change", runs, [("project", one("project")), ("defaults", one("defaults"))])
+    s = rounds(ctx, "site.yml no-change", runs, [("project", one("project")), ("defaults", one("defaults"))])
     node_changes = max((len(c["nodes"]) for c in changed["project"]), default=None)
     ctrl_changes = max((len(c["controller"]) for c in changed["project"]), default=None)
     dflt_node_changes = max((len(c["nodes"]) for c in changed["defaults"]), default=None)
@@ -269,8 +96,8 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
                f"controller; with the stock configuration: {dflt_node_changes} on nodes",
                "slowest tasks (project config, seconds summed over its runs): "
                + ", ".join(f"{name} {sec:.1f}" for name, sec in slowest.most_common(5)),
-               f"stock settings (as ansible-config reports them in the run): {_settings_text(settings['defaults'])}",
-               f"project settings (ansible.cfg): {_settings_text(settings['project'])}",
+               f"stock settings (as ansible-config reports them in the run): {settings_text(settings['defaults'])}",
+               f"project settings (ansible.cfg): {settings_text(settings['project'])}",
                "both sides run through ansible-runner, which sets "
                + ", ".join(f"{k}={v}" for k, v in RUNNER_ENV.items())
                + "; the inventory adds only host-key options (ansible_ssh_common_args); the caller's ANSIBLE_* "
@@ -425,7 +252,7 @@ def sync(ctx: Context, runs: int) -> list[Figure]:
         ctx.sh(worker, f"rm -rf {tcp_dir} {done}")
         return mib_per_s(ctx.total_bytes, seconds)
 
-    s = _rounds(ctx, "sync", runs, [("role", role_sync("role")), ("rsync", plain_rsync), ("tcp", raw_tcp),
+    s = rounds(ctx, "sync", runs, [("role", role_sync("role")), ("rsync", plain_rsync), ("tcp", raw_tcp),
                                     ("cp", local_copy), ("role_ssh", role_sync("role_ssh"))])
     cores = int(ctx.sh(head, "nproc").strip())
     pipes = ssh_pipes(ctx)
@@ -500,7 +327,7 @@ def verify(ctx: Context, runs: int) -> list[Figure]:
         sha_seconds.append(seconds)
         return mib_per_s(ctx.total_bytes, seconds)
 
-    s = _rounds(ctx, "verify", runs, [("fast", run_fast), ("deep", run_deep), ("sha256sum", run_sha256sum)])
+    s = rounds(ctx, "verify", runs, [("fast", run_fast), ("deep", run_deep), ("sha256sum", run_sha256sum)])
     deep_seconds = [ctx.total_bytes / (v * (1 << 20)) if v else None for v in s["deep"]]
     return [
         Figure(key="verify_fast",
@@ -556,7 +383,7 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
         ctx.sh(head, f"rm -rf {hf_dir} {hf_home}")
         return mib_per_s(ctx.total_bytes, seconds)
 
-    s = _rounds(ctx, "fetch", runs, [("role", role_fetch), ("hf", hf_download)])
+    s = rounds(ctx, "fetch", runs, [("role", role_fetch), ("hf", hf_download)])
     return [Figure(
         key="fetch", name=f"fetch from the local hub emulator ({ctx.fetch_workers} workers)", unit="MiB/s",
         measured=s["role"], baseline_name=f"hf download (huggingface_hub {version})", baseline=s["hf"],
@@ -569,7 +396,6 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
 
 # "recovery" turns the supervisor on, so it runs last.
 # Defined beside the figures whose helpers it reuses, so imported once they exist.
-from .task_floor import task_floor  # noqa: E402
 
 FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "nochange": site_noop, "site": site_noop, "floor": task_floor,
            "recovery": recovery}

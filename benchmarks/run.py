@@ -26,6 +26,7 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
 from . import figures
+from .context import Context
 from .nodes import REPO, close_masters
 from .report import Figure, machine_facts, markdown_table, read_loadavg
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         # No harness hub: the harness serves a tiny checkpoint; ours has benchmark-sized shards.
         cluster = sim.up(args.instance, 2, hub=False)
         hub = start_hub(hub_root, cluster.bridge_ip, workdir / "hub.log")
-        ctx = figures.Context(
+        ctx = Context(
             cluster=cluster, workdir=workdir, control_dir=control_dir,
             hub_url=f"http://{cluster.bridge_ip}:{sim.HUB_PORT}", repo_id=info["repo_id"], revision=info["new"],
             model_dir=test_site_model_dir(), venv_dir=defaults["checkpoint_venv_dir"],

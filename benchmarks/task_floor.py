@@ -14,7 +14,7 @@ import datetime
 
 from tests.lib.playbook import run_playbook
 
-from .figures import RUNNER_ENV, Context, _no_inherited_ansible_env, _rounds, _task_seconds, defaults_config
+from .context import RUNNER_ENV, Context, defaults_config, no_inherited_ansible_env, rounds, task_seconds
 from .nodes import REPO, BenchError, close_masters
 from .report import Figure, median
 
@@ -34,7 +34,7 @@ def task_floor(ctx: Context, runs: int) -> list[Figure]:
             cp = ctx.control_dir / f"floor-{which}-{next(counter)}"
             cp.mkdir()
             try:
-                with _no_inherited_ansible_env():
+                with no_inherited_ansible_env():
                     r = run_playbook(PLAYBOOK, ctx.inventory, timeout=600,
                                      envvars={"ANSIBLE_CONFIG": str(configs[which]),
                                               "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
@@ -42,7 +42,7 @@ def task_floor(ctx: Context, runs: int) -> list[Figure]:
                 close_masters(cp)
             if r.rc != 0:
                 raise BenchError(f"{PLAYBOOK} with {which} config failed (rc {r.rc}): {r.failure_messages()[-800:]}")
-            seconds = _task_seconds(r.events)
+            seconds = task_seconds(r.events)
             # The first node task also opens the SSH connections: left out, both sides alike.
             node = (seconds[NODE_STEP] - _first(r.events, NODE_STEP)) / (TASKS_EACH - 1)
             per_task[which]["node"].append(node)
@@ -50,7 +50,7 @@ def task_floor(ctx: Context, runs: int) -> list[Figure]:
             return node
         return step
 
-    s = _rounds(ctx, "per-task floor", runs, [("project", one("project")), ("defaults", one("defaults"))])
+    s = rounds(ctx, "per-task floor", runs, [("project", one("project")), ("defaults", one("defaults"))])
     ctl = {k: median(v["controller"]) for k, v in per_task.items()}
     fig = Figure(
         key="task_floor", name="one read-only task on 2 nodes, after the connection is open (wall per task)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -254,3 +255,23 @@ def test_checkpoint_modules_use_only_public_hub_api():
         text = path.read_text()
         assert "file_download" not in text, path
         assert not re.search(r"huggingface_hub(\.[a-z_]+)*\._", text), f"{path}: private huggingface_hub module"
+
+
+def test_the_benchmarks_package_has_no_import_cycle():
+    graph = {}
+    for path in (REPO / "benchmarks").glob("*.py"):
+        graph[path.stem] = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+    assert graph.get("figures"), "the benchmarks package moved: this rule reads nothing"
+
+    def cycle_from(module, trail):
+        if module in trail:
+            return [*trail[trail.index(module):], module]
+        for imported in graph.get(module, ()):
+            found = cycle_from(imported, [*trail, module])
+            if found:
+                return found
+        return None
+
+    cycles = [" -> ".join(c) for c in (cycle_from(m, []) for m in sorted(graph)) if c]
+    assert not cycles, "benchmark modules import each other: " + "; ".join(cycles)
