@@ -19,7 +19,7 @@ from .nodes import REPO, BenchError, sh, timed, tree_bytes
 
 # What the test inventory turns off to save the tests time, back as a site gets it: figures are taken on the
 # product's defaults (tests/inventory/group_vars/spark/monitoring.yml and server.yml say why they differ).
-PRODUCT_DEFAULTS = {"spark_monitoring": True, "sglang_supervisor_enabled": True}
+PRODUCT_DEFAULTS = {"spark_monitoring": True, "supervisor_enabled": True}
 BENCH_DIR = "/opt/bench"  # scratch on the nodes, outside the deployed checkpoint
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -60,7 +60,7 @@ class Context:
     def extravars(self) -> dict:
         # The verify role writes its report on the controller: into our scratch, not the checkout.
         return {**PRODUCT_DEFAULTS, "checkpoint_revision": self.revision, "checkpoint_hf_endpoint": self.hub_url,
-                "sglang_verify_report_dir": str(self.workdir / "reports")}
+                "verify_report_dir": str(self.workdir / "reports")}
 
     def say(self, msg: str) -> None:
         line = f"bench: {msg}"

@@ -43,8 +43,8 @@ def _restart_seconds(st: dict, since: str) -> float:
 
 def recovery(ctx, runs: int) -> list:
     cluster = ctx.cluster
-    interval = SUPERVISOR["sglang_supervisor_interval"]
-    hang_detect = SUPERVISOR["sglang_supervisor_failures"] * interval + SUPERVISOR["sglang_supervisor_probe_timeout"]
+    interval = SUPERVISOR["supervisor_interval"]
+    hang_detect = SUPERVISOR["supervisor_failures"] * interval + SUPERVISOR["supervisor_probe_timeout"]
     for n in cluster.nodes:
         sim.set_knobs(cluster.instance, n.name, {"sglang": {"gpu_release_seconds": 3}})
     r = run_playbook("playbooks/server.yml", ctx.inventory, extravars={**ctx.extravars, **SUPERVISOR})
@@ -88,7 +88,7 @@ def recovery(ctx, runs: int) -> list:
             baseline_name="detection + one ordered restart" + (" + boot" if name.startswith("power") else ""),
             baseline=baseline, target_op="<=", target=1.25,
             target_text="<= 1.25x (detection interval plus one ordered restart) and one group restart per incident",
-            notes=[f"supervisor interval {interval} s, {SUPERVISOR['sglang_supervisor_failures']} failed generations for "
+            notes=[f"supervisor interval {interval} s, {SUPERVISOR['supervisor_failures']} failed generations for "
                    f"a hang, stand-in load 1 s, GPU released 3 s after a rank ends",
                    "a healthy pair costs one one-token generation per interval"],
             extra={"group_restarts_per_incident": extra_restarts},

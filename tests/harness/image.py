@@ -27,7 +27,7 @@ PACKAGES = [
     "python3", "python3-apt", "python3-venv", "python3-pip",
     "netplan.io", "iproute2", "iputils-ping", "iperf3", "nftables", "rsync", "curl",
     "ca-certificates", "procps", "sudo", "less", "jq", "ethtool", "kmod",
-    # The TLS proxy the server role installs with apt (sglang_server_tls): nodes have no mirror.
+    # The TLS proxy the server role installs with apt (server_tls): nodes have no mirror.
     "nginx",
     # Monitoring from the distribution's packages (the monitoring role installs them with apt):
     # Prometheus (with promtool) on the monitoring host, the node exporter on every node.
@@ -84,7 +84,7 @@ def _customise(rootfs: Path) -> None:
     # Debian's ssh host key generation would race the per-node keys.
     run(["chroot", str(rootfs), "systemctl", "mask", "ssh-keygen.service"], check=False, quiet=True)
     # Installed only so the server role's apt task finds it: like a node without the package, nothing
-    # listens until the role starts nginx (sglang_server_tls).
+    # listens until the role starts nginx (server_tls).
     run(["chroot", str(rootfs), "systemctl", "disable", "nginx.service"], check=False, quiet=True)
     # The same for the monitoring packages: Debian enables them on install; a node the monitoring role
     # has not configured runs no Prometheus and no exporter.

@@ -102,15 +102,15 @@ def inventory(tmp_path_factory):
 
 def settings(standin, reports, **more):
     # The stand-in runs on this machine: its context and concurrency are given, not read from a node.
-    return {"sglang_benchmark_port": standin.port, "sglang_benchmark_context_length": CONTEXT,
-            "sglang_benchmark_max_running_requests": 2, "sglang_benchmark_max_tokens": OUTPUT,
-            "sglang_benchmark_rounds": 2, "sglang_benchmark_min_requests": 4, "sglang_benchmark_report_dir": str(reports),
-            "sglang_benchmark_report_name": "run", "sglang_benchmark_recall_max_tokens": 256, **more}
+    return {"benchmark_port": standin.port, "benchmark_context_length": CONTEXT,
+            "benchmark_max_running_requests": 2, "benchmark_max_tokens": OUTPUT,
+            "benchmark_rounds": 2, "benchmark_min_requests": 4, "benchmark_report_dir": str(reports),
+            "benchmark_report_name": "run", "benchmark_recall_max_tokens": 256, **more}
 
 
 def benchmark(inventory, extravars):
     result = run_playbook("playbooks/benchmark.yml", inventory, extravars=extravars, timeout=600)
-    report = Path(extravars["sglang_benchmark_report_dir"]) / f"{extravars['sglang_benchmark_report_name']}.json"
+    report = Path(extravars["benchmark_report_dir"]) / f"{extravars['benchmark_report_name']}.json"
     return result, (json.loads(report.read_text()) if report.exists() else None)
 
 
@@ -125,8 +125,8 @@ def measured(standin, inventory, tmp_path_factory):
     standin.knobs(**TIMING, recall=True, error_every=7, cut_every=5)
     before = standin.counts()
     reports = tmp_path_factory.mktemp("reports")
-    result, report = benchmark(inventory, settings(standin, reports, sglang_benchmark_prompts=["short", "long"],
-                                                   sglang_benchmark_long_fraction=0.25))
+    result, report = benchmark(inventory, settings(standin, reports, benchmark_prompts=["short", "long"],
+                                                   benchmark_long_fraction=0.25))
     after = standin.counts()
     standin.knobs(**TIMING)
     assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
@@ -198,7 +198,7 @@ def test_the_planted_facts_are_found_only_when_the_server_recalls(measured, stan
     runs = {}
     for recall in (True, False):
         standin.knobs(**TIMING, recall=recall)
-        runs[recall] = run_role_module("sglang_benchmark", "sglang_benchmark_run", {
+        runs[recall] = run_role_module("benchmark", "benchmark_run", {
             "endpoint": f"http://{LOOPBACK}:{standin.port}", "mode": "recall", "model": report["meta"]["model"],
             "calibration": report["calibration"], "prompt_tokens": int(CONTEXT * 0.9), "max_tokens": 256}, tmp_path)["recall"]
     standin.knobs(**TIMING)
@@ -214,8 +214,8 @@ def test_the_planted_facts_are_found_only_when_the_server_recalls(measured, stan
 def test_an_earlier_report_stands_beside_a_new_one(measured, standin, inventory, tmp_path):
     _result, _report, _counts, reports = measured
     result, report = benchmark(inventory, settings(
-        standin, tmp_path, sglang_benchmark_concurrency=[1], sglang_benchmark_prompts=["short"],
-        sglang_benchmark_min_requests=2, sglang_benchmark_recall=False, sglang_benchmark_report_name="again",
+        standin, tmp_path, benchmark_concurrency=[1], benchmark_prompts=["short"],
+        benchmark_min_requests=2, benchmark_recall=False, benchmark_report_name="again",
         benchmark_compare=str(reports / "run.json")))
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert report["compare"]["file"] == str(reports / "run.json") and report["recall"] is None
@@ -231,22 +231,22 @@ def test_bad_input_is_refused_before_any_request_or_restart(standin, inventory, 
     not_a_report = tmp_path / "verify.json"
     not_a_report.write_text(json.dumps({"kind": "sglang-verify", "ok": True}))
     before = standin.counts()["requests"]
-    result, report = benchmark(inventory, settings(standin, tmp_path, sglang_benchmark_concurrency=[],
+    result, report = benchmark(inventory, settings(standin, tmp_path, benchmark_concurrency=[],
                                                    benchmark_compare=str(not_a_report)))
     assert result.rc != 0 and report is None
     assert {d["task"] for d in result.failed} == {"Refuse unusable benchmark settings before any request"}
-    for text in ("sglang_benchmark_concurrency = []: is empty",
+    for text in ("benchmark_concurrency = []: is empty",
                  f"= '{not_a_report}' is not a benchmark report (kind 'sglang-verify'"):
         assert text in result.failure_messages(), result.failure_messages()
     assert standin.counts()["requests"] == before
     # The tune refuses a context above the model's window before it restarts anything (or reads a node).
-    result = run_playbook("playbooks/tune.yml", inventory, extravars={"sglang_tune_contexts": [65536, 2097152],
-                                                                      "sglang_tune_dir": str(tmp_path)})
+    result = run_playbook("playbooks/tune.yml", inventory, extravars={"tune_contexts": [65536, 2097152],
+                                                                      "tune_dir": str(tmp_path)})
     assert result.rc != 0
     assert {d["task"] for d in result.failed} == {"Refuse unusable tune settings before any restart"}
     assert "2097152 is above the model's window of 1048576" in result.failure_messages()
     ran = {(e["event_data"].get("role"), e["event_data"]["task"]) for e in result.task_events()}
-    assert {task for role, task in ran if role in ("sglang_tune", "fabric", "sglang_server", "sglang_verify")
+    assert {task for role, task in ran if role in ("tune", "fabric", "server", "verify")
             and not task.startswith("Validating arguments")} <= {"Refuse unusable tune settings before any restart",
                                                                   "Compute the launch plan from the flag model",
                                                                   "Refuse invalid SGLang server settings before any change"}
@@ -256,8 +256,8 @@ def test_ctrl_c_leaves_no_client_running(standin, inventory, tmp_path):
     """An operator's Ctrl-C reaches the whole foreground process group: ansible-playbook, its workers and the
     module streaming the level. Nothing of the benchmark may go on sending."""
     standin.knobs(**{**TIMING, "token_seconds": 0.2})
-    extra = settings(standin, tmp_path, sglang_benchmark_concurrency=[2], sglang_benchmark_prompts=["short"],
-                     sglang_benchmark_max_tokens=200, sglang_benchmark_recall=False)
+    extra = settings(standin, tmp_path, benchmark_concurrency=[2], benchmark_prompts=["short"],
+                     benchmark_max_tokens=200, benchmark_recall=False)
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
                              "playbooks/benchmark.yml", "-e", json.dumps(extra)], cwd=REPO, env=env,
@@ -359,7 +359,7 @@ asyncio.run(main())
 
 
 def test_the_client_speaks_https_with_the_ca_and_sends_the_key(tmp_path):
-    """As a deployment with sglang_server_tls serves (a TLS proxy in front of SGLang, a key): the CA file and the
+    """As a deployment with server_tls serves (a TLS proxy in front of SGLang, a key): the CA file and the
     key reach every request; without the CA no stream starts, without the key /v1/models refuses."""
     key = "sk-BenchPlant3dKey0123456789abcdef"  # noqa: S105 - planted on purpose
     cert, private = self_signed(tmp_path)
@@ -387,7 +387,7 @@ def test_the_client_speaks_https_with_the_ca_and_sends_the_key(tmp_path):
         endpoint = f"https://{LOOPBACK}:{tls_port}"
 
         def run(**args):
-            return run_role_module("sglang_benchmark", "sglang_benchmark_run", {"endpoint": endpoint, **args}, tmp_path)
+            return run_role_module("benchmark", "benchmark_run", {"endpoint": endpoint, **args}, tmp_path)
 
         cal = run(mode="calibrate", api_key=key, ca_file=str(cert))
         assert cal["calibration"]["source"] == "usage", cal

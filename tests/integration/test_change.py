@@ -106,8 +106,8 @@ def site(sim_cluster, tmp_path_factory):
     # The pair as it booted: what uninstall.yml must give back.
     fresh = node_state.snapshot(sim_cluster)
     s = Site(sim_cluster, fresh, {
-        "sglang_supervisor_enabled": True,
-        "sglang_verify_report_dir": reports, "sglang_doctor_bundle_dir": reports, "sglang_benchmark_report_dir": reports})
+        "supervisor_enabled": True,
+        "verify_report_dir": reports, "doctor_bundle_dir": reports, "benchmark_report_dir": reports})
     result = s.play("site.yml")
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     s.kept = last_good(sim_cluster)
@@ -118,16 +118,16 @@ def site(sim_cluster, tmp_path_factory):
 
 def test_bad_input_is_refused_before_any_node_changes(site):
     before, files = started(site.cluster), config(site.cluster)
-    upgrade = site.play("playbooks/upgrade.yml", sglang_server_image="lmsysorg/sglang:latest", upgrade_benchmark="maybe",
-                        sglang_server_rollback="sometimes")
+    upgrade = site.play("playbooks/upgrade.yml", server_image="lmsysorg/sglang:latest", upgrade_benchmark="maybe",
+                        server_rollback="sometimes")
     uninstall = site.play("playbooks/uninstall.yml", uninstall_images="perhaps", uninstall_checkpoint="later")
     for result in (upgrade, uninstall):
         assert result.rc != 0 and {d["task"] for d in result.failed} == {PLAN}, result.stdout[-3000:]
         assert result.changed == []
     messages = upgrade.failure_messages()
-    assert "sglang_server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves" in messages
+    assert "server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves" in messages
     assert "upgrade_benchmark = 'maybe': must be true or false" in messages
-    assert "sglang_server_rollback = 'sometimes': must be true or false" in messages
+    assert "server_rollback = 'sometimes': must be true or false" in messages
     messages = uninstall.failure_messages()
     assert "uninstall_images = 'perhaps': must be true or false" in messages
     assert "uninstall_checkpoint = 'later': must be true or false" in messages
@@ -136,13 +136,13 @@ def test_bad_input_is_refused_before_any_node_changes(site):
 
 def test_a_flag_that_does_not_fit_goes_back_to_the_last_good_configuration(site):
     before = config(site.cluster)
-    result = site.play("playbooks/server.yml", sglang_server_flag_overrides={"max-running-requests": 8})
+    result = site.play("playbooks/server.yml", server_flag_overrides={"max-running-requests": 8})
     assert_back_on_the_last_good_configuration(site, result, before)
     message = result.failure_messages()
     # The new configuration's cause: its ranks' journal lines and the doctor's remedy, from its own figures.
     assert "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. " \
            "max_mamba_cache_size=20, mamba_ratio=5, resulting max_num_reqs=4" in message
-    assert "apply with: sglang_server_flag_overrides: {max-running-requests: 4}" in message
+    assert "apply with: server_flag_overrides: {max-running-requests: 4}" in message
     for n in site.cluster.nodes:
         args = json.loads(sh(n, f"cat {FILES['args']}"))
         assert args[args.index("--max-running-requests") + 1] == "2"
@@ -150,7 +150,7 @@ def test_a_flag_that_does_not_fit_goes_back_to_the_last_good_configuration(site)
 
 def test_an_image_whose_ranks_cannot_start_goes_back_to_the_last_good_configuration(site):
     before = config(site.cluster)
-    result = site.play("playbooks/upgrade.yml", sglang_server_image=TILE)
+    result = site.play("playbooks/upgrade.yml", server_image=TILE)
     assert_back_on_the_last_good_configuration(site, result, before)
     message = result.failure_messages()
     assert "Failed to set the allowed dynamic shared memory size to 169984" in message
@@ -161,7 +161,7 @@ def test_an_image_whose_ranks_cannot_start_goes_back_to_the_last_good_configurat
 
 def test_an_image_that_fails_verify_goes_back_and_the_last_good_configuration_verifies(site):
     before = config(site.cluster)
-    result = site.play("playbooks/upgrade.yml", sglang_server_image=WRONG)
+    result = site.play("playbooks/upgrade.yml", server_image=WRONG)
     assert_back_on_the_last_good_configuration(site, result, before)
     assert "What failed: verify failed: Verification of " in result.failure_messages()
     assert "failed: reasoning" in result.failure_messages()
@@ -175,8 +175,8 @@ def test_an_image_that_fails_verify_goes_back_and_the_last_good_configuration_ve
 
 def test_an_upgrade_pulls_everywhere_before_any_rank_stops_and_serves_the_new_image(site):
     t0 = time.time()
-    result = site.play("playbooks/upgrade.yml", sglang_server_image=V2, upgrade_benchmark=True,
-                       sglang_benchmark_max_tokens=8, sglang_benchmark_min_requests=2, sglang_benchmark_rounds=1)
+    result = site.play("playbooks/upgrade.yml", server_image=V2, upgrade_benchmark=True,
+                       benchmark_max_tokens=8, benchmark_min_requests=2, benchmark_rounds=1)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     seen = {n.name: events(n, t0) for n in site.cluster.nodes}
     pulled = [min(e["timeNano"] for e in seen[name] if e["Action"] == "pull" and e["Actor"]["ID"] == V2) for name in seen]
@@ -198,7 +198,7 @@ def test_an_upgrade_pulls_everywhere_before_any_rank_stops_and_serves_the_new_im
     assert any("Compared with " in line and "-before.json" in line for line in after), after
 
     again_before = started(site.cluster)
-    again = site.play("playbooks/upgrade.yml", sglang_server_image=V2)
+    again = site.play("playbooks/upgrade.yml", server_image=V2)
     assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
     assert again.changed == []
     assert started(site.cluster) == again_before

@@ -4,7 +4,7 @@ The stand-ins (docker CLI, SGLang server) run the real unit; the playbooks
 reach the nodes over SSH like on DGX OS. The tests run in file order on one
 deployment: status, verify, doctor, a restart under --limit, stop. The restart
 under --limit runs once (module fixture `restarted_under_limit`) and feeds two
-tests: restart.yml ends with verify.yml's role (sglang_verify), whose JSON report
+tests: restart.yml ends with verify.yml's role (verify), whose JSON report
 the verify test reads, so the group is not asked the verify questions twice.
 """
 
@@ -44,7 +44,7 @@ def deployed(sim_cluster):
         sh(n, checkpoint_files() + " && (ip -o addr show dev enp1s0f1np1 | grep -q ' "
               f"{n.fabric_ip}/' || ip addr add {n.fabric_ip}/24 dev enp1s0f1np1)")
     result = run_playbook("playbooks/server.yml", sim_cluster.inventory,
-                          extravars={"sglang_server_readiness_timeout": READINESS, "checkpoint_revision": REVISION})
+                          extravars={"server_readiness_timeout": READINESS, "checkpoint_revision": REVISION})
     assert result.rc == 0, result.stdout[-4000:]
     yield sim_cluster
     # Leave the nodes as other test modules expect them: no sglang unit installed.
@@ -74,13 +74,13 @@ def restarted_under_limit(deployed, tmp_path_factory):
     before = unit_times(head)[1], unit_times(worker)[1]
     report = tmp_path_factory.mktemp("verify") / "verify.json"
     result = run_playbook("playbooks/restart.yml", deployed.inventory, limit=worker.name,
-                          extravars={"sglang_server_readiness_timeout": READINESS,
-                                     "sglang_verify_report_path": str(report)})
+                          extravars={"server_readiness_timeout": READINESS,
+                                     "verify_report_path": str(report)})
     return before, result, report
 
 
 def test_verify_passes_on_the_deployed_group(deployed, restarted_under_limit):
-    # The verify step of the restart run (sglang_verify, as in verify.yml) wrote the report.
+    # The verify step of the restart run (verify, as in verify.yml) wrote the report.
     _, result, report = restarted_under_limit
     assert result.rc == 0, result.stdout[-3000:]
     data = json.loads(report.read_text())
@@ -90,7 +90,7 @@ def test_verify_passes_on_the_deployed_group(deployed, restarted_under_limit):
 
 
 def test_doctor_reads_the_flags_from_the_running_unit(deployed, tmp_path):
-    result = run_playbook("playbooks/doctor.yml", deployed.inventory, extravars={"sglang_doctor_bundle_dir": str(tmp_path)})
+    result = run_playbook("playbooks/doctor.yml", deployed.inventory, extravars={"doctor_bundle_dir": str(tmp_path)})
     assert result.rc == 0, result.stdout[-3000:]
     (bundle,) = tmp_path.glob("doctor-*.tar.gz")
     with tarfile.open(bundle) as tar:
@@ -134,7 +134,7 @@ def test_restart_brings_back_a_rank_whose_crash_loop_hit_the_start_limit(deploye
     finally:
         sim.set_knobs(deployed.instance, worker.name, {"gpu": {"present": True}})
     result = run_playbook("playbooks/restart.yml", deployed.inventory,
-                          extravars={"sglang_server_readiness_timeout": READINESS})
+                          extravars={"server_readiness_timeout": READINESS})
     assert result.rc == 0, result.stdout[-4000:]
     assert [unit_times(n)[2] for n in deployed.nodes] == ["active", "active"]
     table = "\n".join(result.results("Show the verification table")[head.name]["msg"])

@@ -41,7 +41,7 @@ DROP_IN = f"/etc/systemd/system/{UNIT}.d/50-by-hand.conf"
 # Short waits where the real ones are minutes: rank 0 gives up on a missing peer after 6 s.
 KNOBS = {"spark-0": {"sglang": {"rendezvous_timeout": 6, "load_seconds": 0.2}},
          "spark-1": {"sglang": {"rendezvous_timeout": 30, "load_seconds": 0.2}}}
-SERVER = {"checkpoint_revision": REVISION, "sglang_server_api_key": API_KEY, "sglang_server_readiness_timeout": 300}
+SERVER = {"checkpoint_revision": REVISION, "server_api_key": API_KEY, "server_readiness_timeout": 300}
 # What the first deployment asks for: more concurrency at a longer context than the state cache holds.
 FIRST = {"max-running-requests": 8, "context-length": 262144, "log-requests": True}
 
@@ -71,7 +71,7 @@ def first(sim_cluster):
         while f" {n.fabric_ip}/24 " not in sh(n, "ip -o -4 addr show dev enp1s0f1np1", check=False):
             assert time.monotonic() < deadline, f"{n.name}: the fabric address never came up"
             time.sleep(0.2)
-    result = deploy(sim_cluster, sglang_server_flag_overrides=FIRST)
+    result = deploy(sim_cluster, server_flag_overrides=FIRST)
     assert result.rc != 0, "the state cache was meant to be too small"
     yield sim_cluster
     for n in sim_cluster.nodes:
@@ -90,7 +90,7 @@ def test_hybrid_remedy_from_the_nodes_values_and_the_errors_figures_serves_in_on
         assert "deployed max-running-requests 8 and context-length 262144" in f["cause"]
         assert "5 // 5 = 1 request(s) fit" in f["remedy"]
         # Every other deployed override is kept: the context the inventory no longer says, the request log.
-        assert f["apply"] == {"sglang_server_flag_overrides": {"context-length": 262144, "log-requests": True,
+        assert f["apply"] == {"server_flag_overrides": {"context-length": 262144, "log-requests": True,
                                                                "max-running-requests": 1}}
         drift = {d["what"]: (d["inventory"], d["node"]) for d in json.loads(files[f"{host}/drift.json"])}
         assert drift["flag context-length"] == ("65536", "262144")
@@ -146,7 +146,7 @@ def test_a_fixed_then_healthy_group_has_no_current_finding_and_the_bundle_no_sec
 def test_an_oom_kill_after_a_fixed_start_shows_only_the_new_cause_and_its_remedy_serves(first, tmp_path):
     """Finding 1, 2 and 3: --memory 96g deployed, diagnosed without the -e; the remedy's arithmetic serves."""
     kept = {"context-length": 262144, "log-requests": True, "max-running-requests": 1}
-    failed = deploy(first, sglang_server_flag_overrides=kept, sglang_server_container_memory="96g")
+    failed = deploy(first, server_flag_overrides=kept, server_container_memory="96g")
     assert failed.rc != 0
     _, files, bundle = run_doctor(first, tmp_path)
     # The healthy start with the logged secrets is history now: its journal is in the bundle, redacted too.
@@ -159,16 +159,16 @@ def test_an_oom_kill_after_a_fixed_start_shows_only_the_new_cause_and_its_remedy
         f = found["oom_killed"]
         assert "docker: container OOM-killed" in f["evidence"]
         assert "--memory 96g on this node" in f["cause"]
-        for part in ("0.84 x 119.7 GiB", "+ 4 GiB runtime overhead = 104.5 GiB", "raise sglang_server_container_memory "
+        for part in ("0.84 x 119.7 GiB", "+ 4 GiB runtime overhead = 104.5 GiB", "raise server_container_memory "
                      "96g -> 106g", "lower mem-fraction-static 0.84 -> 0.76", "not max-running-requests"):
             assert part in f["remedy"], (part, f["remedy"])
-        assert f["apply"] == {"sglang_server_container_memory": "106g"}
-        assert f["alternative"] == {"sglang_server_flag_overrides": {**kept, "mem-fraction-static": 0.76}}
+        assert f["apply"] == {"server_container_memory": "106g"}
+        assert f["alternative"] == {"server_flag_overrides": {**kept, "mem-fraction-static": 0.76}}
         drift = {d["what"]: (d["inventory"], d["node"]) for d in json.loads(files[f"{host}/drift.json"])}
-        assert drift["container memory (sglang_server_container_memory)"] == ("120g", "96g")
+        assert drift["container memory (server_container_memory)"] == ("120g", "96g")
         # The earlier failure is history, not a current finding.
         assert any(f["id"] == "hybrid_state_cache" for h in history(files, host) for f in h["findings"])
-    fixed = deploy(first, sglang_server_flag_overrides=kept, **findings(files, "spark-1")["oom_killed"]["apply"])
+    fixed = deploy(first, server_flag_overrides=kept, **findings(files, "spark-1")["oom_killed"]["apply"])
     assert fixed.rc == 0, fixed.stdout[-4000:]
     assert generate(first)
 

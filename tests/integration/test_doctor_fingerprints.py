@@ -79,7 +79,7 @@ def rendered(sim_cluster, tmp_path_factory):
     """
     out = tmp_path_factory.mktemp("rendered")
     result = run_playbook("playbooks/render.yml", sim_cluster.inventory, extravars={
-        "sglang_server_render_dir": str(out), "sglang_server_api_key": API_KEY})
+        "server_render_dir": str(out), "server_api_key": API_KEY})
     assert result.rc == 0, result.stdout[-3000:]
     files, before = {}, {}
     for n in sim_cluster.nodes:
@@ -146,7 +146,7 @@ def test_a_missing_processor_config_and_a_hub_repo_id_each_ask_for_the_local_che
     f = on_worker["processor_config_missing"]
     assert "No such file or directory: '/models/glm53/processor_config.json'" in f["evidence"]
     assert "(/models/glm53/processor_config.json)" in f["cause"]
-    for part in ("LOCAL directory", "sglang_server_model_dir", f"now {MODEL_DIR}", "playbooks/checkpoint.yml"):
+    for part in ("LOCAL directory", "server_model_dir", f"now {MODEL_DIR}", "playbooks/checkpoint.yml"):
         assert part in f["remedy"], (part, f["remedy"])
 
     assert set(on_head) == {"download_at_boot", "env_offline"}, sorted(on_head)
@@ -216,11 +216,11 @@ def test_nccl_and_gloo_on_a_missing_interface_fail_the_worker_and_the_head_waits
     assert set(on_worker) == {"env_ifname", "distributed_timeout"}, sorted(on_worker)
     assert on_worker["env_ifname"]["evidence"] == (f"NCCL_SOCKET_IFNAME=ib9, GLOO_SOCKET_IFNAME=ib9 but the fabric "
                                                    f"interface is {FABRIC}")
-    assert "sglang_server_fabric_interface" in on_worker["env_ifname"]["remedy"]
+    assert "server_fabric_interface" in on_worker["env_ifname"]["remedy"]
     f = on_worker["distributed_timeout"]
     assert "Unable to find address for: ib9" in f["evidence"], f["evidence"]
     assert "Fabric problems on this node: NCCL_SOCKET_IFNAME=ib9, GLOO_SOCKET_IFNAME=ib9" in f["cause"], f["cause"]
-    assert f"sglang_server_fabric_interface (spark_fabric_interface, now {FABRIC})" in f["remedy"]
+    assert f"server_fabric_interface (spark_fabric_interface, now {FABRIC})" in f["remedy"]
 
     assert set(on_head) == {"peer_absent"}, sorted(on_head)
     f = on_head["peer_absent"]
@@ -236,7 +236,7 @@ def test_nccl_and_gloo_on_a_missing_interface_fail_the_worker_and_the_head_waits
 
 def test_a_wrong_sglang_host_ip_hangs_both_ranks_after_init(sim_cluster, rendered, tmp_path):
     """The head's SGLANG_HOST_IP is the worker's address: rank 0 advertises it, every rank waits forever after
-    init began; a hang once nothing is logged for sglang_doctor_stall_seconds, not before."""
+    init began; a hang once nothing is logged for doctor_stall_seconds, not before."""
     head, worker = node(sim_cluster, HEAD), node(sim_cluster, WORKER)
     install(sim_cluster, rendered, WORKER)
     install(sim_cluster, rendered, HEAD, env=edited(
@@ -250,7 +250,7 @@ def test_a_wrong_sglang_host_ip_hangs_both_ranks_after_init(sim_cluster, rendere
         assert findings(files, WORKER) == {}
 
         # Silent past the stall time since "Init torch distributed begin": both ranks hang.
-        result, files, _ = run_doctor(sim_cluster, tmp_path / "stalled", sglang_doctor_stall_seconds=1)
+        result, files, _ = run_doctor(sim_cluster, tmp_path / "stalled", doctor_stall_seconds=1)
         for host in (HEAD, WORKER):
             found = findings(files, host)
             assert set(found) == ({"init_hang", "env_host_ip"} if host == HEAD else {"init_hang"}), (host, sorted(found))

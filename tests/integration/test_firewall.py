@@ -1,4 +1,4 @@
-"""Who may connect (issue 13): the sglang_firewall role's nftables table on a simulated pair.
+"""Who may connect (issue 13): the firewall role's nftables table on a simulated pair.
 
 One pair is deployed as a site is (fabric.yml, then server.yml), with a firewall of the site's own
 already active on both nodes (a ufw-like iptables-nft table with a drop of its own), and answers
@@ -238,7 +238,7 @@ def test_a_client_outside_the_allowed_range_cannot_connect(site):
     # Another tool flushed the worker's table: the next run loads it again.
     sh(worker, f"nft delete table {TABLE}")
     result = run_playbook(SERVER, site.inventory,
-                          extravars={**VARS, "sglang_server_allowed_clients": [f"{site.bridge_ip}/32"]})
+                          extravars={**VARS, "server_allowed_clients": [f"{site.bridge_ip}/32"]})
     assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
     assert changed(result) == {("spark-0", "Install the rules"), ("spark-0", "Load the firewall rules"),
                                ("spark-1", "Load the rules again where the table is gone")}
@@ -260,7 +260,7 @@ def test_check_mode_shows_the_rules_it_would_add_and_changes_nothing(site):
                         if ipaddress.ip_address(site.outside) in n)
     before = sh(head, f"sha256sum {RULES}; nft -s list table {TABLE}")
     result = run_playbook(SERVER, site.inventory, check=True, diff=True,
-                          extravars={**VARS, "sglang_server_allowed_clients": [f"{site.bridge_ip}/32", outside_half]})
+                          extravars={**VARS, "server_allowed_clients": [f"{site.bridge_ip}/32", outside_half]})
     assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
     diff = result.results("Install the rules")["spark-0"]["diff"]
     after = "".join(d.get("after", "") for d in (diff if isinstance(diff, list) else [diff]))
@@ -295,12 +295,12 @@ def no_contact_inventory(tmp_path: Path, cluster, host_vars: dict | None = None)
 # not parse ends it before the controller's checks): the range that does not parse on the worker, the range
 # that excludes the controller on the head, the dist-init port for the whole run.
 BAD = [
-    ("cidr-does-not-parse", "worker", {"sglang_server_allowed_clients": ["{subnet}", "10.231.0.0/33"]},
-     "sglang_server_allowed_clients[1] = '10.231.0.0/33': does not parse as an IPv4 or IPv6 network"),
-    ("range-excludes-the-controller", "head", {"sglang_server_allowed_clients": ["{upper}"]},
-     "sglang_server_allowed_clients = ['{upper}']: excludes the controller ({bridge}: the source address of the "
+    ("cidr-does-not-parse", "worker", {"server_allowed_clients": ["{subnet}", "10.231.0.0/33"]},
+     "server_allowed_clients[1] = '10.231.0.0/33': does not parse as an IPv4 or IPv6 network"),
+    ("range-excludes-the-controller", "head", {"server_allowed_clients": ["{upper}"]},
+     "server_allowed_clients = ['{upper}']: excludes the controller ({bridge}: the source address of the "
      "controller's route to spark-0"),
-    ("rules-cut-the-controllers-ssh", "run", {"sglang_server_dist_init_port": 22},
+    ("rules-cut-the-controllers-ssh", "run", {"server_dist_init_port": 22},
      "ansible_port = 22: the controller's SSH to spark-0 ({head} port 22, from {bridge}: the source address of the "
      "controller's route"),
 ]
@@ -334,7 +334,7 @@ def refused(sim_cluster, tmp_path_factory):
             out = tmp / "rendered"
             inv = no_contact_inventory(tmp, sim_cluster, {head: placed["head"], worker: placed["worker"]})
             runs[playbook] = (run_playbook(playbook, inv, envvars=NO_CONTACT,
-                                           extravars={"sglang_server_render_dir": str(out), **placed["run"]}), out)
+                                           extravars={"server_render_dir": str(out), **placed["run"]}), out)
         return runs[playbook]
 
     return run
@@ -361,7 +361,7 @@ def test_the_node_refuses_what_the_controller_could_not_check_before_any_change(
     before = sh(head, f"sha256sum {RULES}; nft -s list table {TABLE}")
     upper = str(list(ipaddress.ip_network(subnet(site)).subnets(new_prefix=25))[1])
     result = run_playbook(SERVER, site.inventory, extravars={
-        **VARS, "__sglang_firewall_routes": {}, "sglang_server_allowed_clients": [upper]})
+        **VARS, "__firewall_routes": {}, "server_allowed_clients": [upper]})
     assert result.rc != 0
     assert failed_at(result) == {REFUSED}, result.stdout[-3000:]
     assert result.changed_before_first_failure() == []
@@ -387,6 +387,6 @@ def test_the_rules_are_loaded_at_boot_before_the_rank_the_group_forms_and_a_run_
     assert connect(head.mgmt_ip, 20000) == DROPPED
     # What the boot left is what the deployment installs: a second run with the same settings changes nothing.
     result = run_playbook(SERVER, site.inventory,
-                          extravars={**VARS, "sglang_server_allowed_clients": [f"{site.bridge_ip}/32"]})
+                          extravars={**VARS, "server_allowed_clients": [f"{site.bridge_ip}/32"]})
     assert result.rc == 0, result.failure_messages() or result.stdout[-4000:]
     assert changed(result) == set()

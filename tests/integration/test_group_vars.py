@@ -17,7 +17,7 @@ import pytest
 
 from tests.lib.playbook import REPO, run_playbook
 
-PROBED = ["spark_model_dir", "checkpoint_model_dir", "sglang_server_model_dir"]
+PROBED = ["spark_model_dir", "checkpoint_model_dir", "server_model_dir"]
 
 
 @pytest.fixture

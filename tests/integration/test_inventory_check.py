@@ -44,23 +44,23 @@ BAD = [
      "spark_fabric_ip 192.168.100.10 of spark-0 is also the address of spark-1"),
     ("fabric-ip-is-management", HEAD, {"spark-1": {**WORKERS["spark-1"], "spark_fabric_ip": "10.0.0.11"}}, {},
      "hostvars['spark-1'].spark_fabric_ip = '10.0.0.11': equals its ansible_host"),
-    ("image-latest", HEAD, WORKERS, {"sglang_server_image": "lmsysorg/sglang:latest"},
-     "sglang_server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves"),
-    ("image-untagged", HEAD, WORKERS, {"sglang_server_image": "lmsysorg/sglang"},
-     "sglang_server_image = 'lmsysorg/sglang': no tag means :latest"),
+    ("image-latest", HEAD, WORKERS, {"server_image": "lmsysorg/sglang:latest"},
+     "server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves"),
+    ("image-untagged", HEAD, WORKERS, {"server_image": "lmsysorg/sglang"},
+     "server_image = 'lmsysorg/sglang': no tag means :latest"),
     ("model-dir-trailing-slash", HEAD, WORKERS, {"spark_model_dir": "/opt/models/glm53/"},
-     "sglang_server_model_dir = '/opt/models/glm53/': ends in a slash"),
-    ("port-not-a-number", HEAD, WORKERS, {"sglang_server_port": "abc"},
-     "sglang_server_port = 'abc': the head's HTTP port must be a TCP port number"),
+     "server_model_dir = '/opt/models/glm53/': ends in a slash"),
+    ("port-not-a-number", HEAD, WORKERS, {"server_port": "abc"},
+     "server_port = 'abc': the head's HTTP port must be a TCP port number"),
     # The key's value is never shown, only its length.
-    ("api-key-short", HEAD, WORKERS, {"sglang_server_api_key": "sk-only-twenty-two-chr"},
-     "sglang_server_api_key = <redacted, 22 characters>: shorter than 32 characters"),
-    ("tls-pair-missing", HEAD, WORKERS, {"sglang_server_tls": True, "sglang_server_tls_cert": "/nonexistent/server.crt",
-                                         "sglang_server_tls_key": "/nonexistent/server.key"},
-     "sglang_server_tls_cert = '/nonexistent/server.crt': no such file on the controller"),
-    ("tls-key-unreadable", HEAD, WORKERS, {"sglang_server_tls": True, "sglang_server_tls_cert": "/etc/ssl/certs",
-                                           "sglang_server_tls_key": "/etc/hostname"},
-     "sglang_server_tls_key = '/etc/hostname': not a PEM key"),
+    ("api-key-short", HEAD, WORKERS, {"server_api_key": "sk-only-twenty-two-chr"},
+     "server_api_key = <redacted, 22 characters>: shorter than 32 characters"),
+    ("tls-pair-missing", HEAD, WORKERS, {"server_tls": True, "server_tls_cert": "/nonexistent/server.crt",
+                                         "server_tls_key": "/nonexistent/server.key"},
+     "server_tls_cert = '/nonexistent/server.crt': no such file on the controller"),
+    ("tls-key-unreadable", HEAD, WORKERS, {"server_tls": True, "server_tls_cert": "/etc/ssl/certs",
+                                           "server_tls_key": "/etc/hostname"},
+     "server_tls_key = '/etc/hostname': not a PEM key"),
 ]
 
 
@@ -100,7 +100,7 @@ def refused(tmp_path_factory):
             tmp = tmp_path_factory.mktemp(name)
             out = tmp / "rendered"
             result = run_playbook(playbook, inventory(tmp, head, workers),
-                                  extravars={"sglang_server_render_dir": str(out), **extravars}, envvars=NO_CONTACT)
+                                  extravars={"server_render_dir": str(out), **extravars}, envvars=NO_CONTACT)
             done[playbook, name] = result, out
         return done[playbook, name]
 
@@ -120,7 +120,7 @@ def test_bad_input_is_refused_before_any_contact(refused, playbook, case):
 def test_one_node_renders_when_acknowledged(tmp_path):
     out = tmp_path / "rendered"
     result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, {}), envvars=NO_CONTACT,
-                          extravars={"sglang_server_render_dir": str(out), "spark_acknowledge_single_node": True})
+                          extravars={"server_render_dir": str(out), "spark_acknowledge_single_node": True})
     assert result.rc == 0, result.stdout[-3000:]
     args = yaml.safe_load((out / "spark-0" / "server-args.json").read_text())
     assert args[args.index("--tp-size") + 1] == "1" and args[args.index("--nnodes") + 1] == "1"
@@ -134,7 +134,7 @@ def test_render_writes_exactly_the_inventory_hosts(tmp_path):
     (out / "notes").mkdir()
     (out / "notes" / "keep.txt").write_text("not a render\n")
     result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, WORKERS), envvars=NO_CONTACT,
-                          extravars={"sglang_server_render_dir": str(out)})
+                          extravars={"server_render_dir": str(out)})
     assert result.rc == 0, result.stdout[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["notes", "spark-0", "spark-1"]
     assert (out / "notes" / "keep.txt").exists()
@@ -150,7 +150,7 @@ def ansible_playbook(*args, cwd=REPO):
 @pytest.mark.parametrize("playbook", ["site.yml", "playbooks/render.yml", "playbooks/status.yml"])
 @pytest.mark.parametrize("inventory_args", [[], ["-i", "inventory/no-such-site"]], ids=["no -i", "mistyped -i"])
 def test_no_inventory_contacts_no_host_and_fails(playbook, inventory_args, tmp_path):
-    run = ansible_playbook(playbook, *inventory_args, "-e", f"sglang_server_render_dir={tmp_path / 'out'}")
+    run = ansible_playbook(playbook, *inventory_args, "-e", f"server_render_dir={tmp_path / 'out'}")
     assert run.returncode != 0, run.stdout[-3000:]
     assert "yields no host in the group spark" in run.stdout and "Fix: pass your site's inventory" in run.stdout
     # Only the controller's check ran: no play reached a node, the example's included.

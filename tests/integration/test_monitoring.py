@@ -37,8 +37,8 @@ ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_
 CONFIG_DIR = "/etc/prometheus/spark"
 REFUSED = "Refuse monitoring settings that do not parse"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
-DASHBOARD = REPO / "roles" / "sglang_monitoring" / "files" / "sglang-dashboard.json"
-# Kept by the report pruning (sglang_monitoring_reports_keep: 2 runs of each kind).
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "sglang-dashboard.json"
+# Kept by the report pruning (monitoring_reports_keep: 2 runs of each kind).
 REPORTS = ["verify-20260101T000000Z.json", "verify-20260102T000000Z.json", "verify-20260103T000000Z.json",
            "benchmark-20260101T000000Z.json", "benchmark-20260101T000000Z.md", "tune-record.json"]
 
@@ -55,19 +55,19 @@ def settings(cluster, reports: Path, grafana: str = "", token_file: str = "") ->
         "checkpoint_revision": REVISION,
         "spark_monitoring": True,
         "spark_monitor_host": cluster.nodes[1].name,
-        "sglang_monitoring_scrape_interval": "2s",
-        "sglang_monitoring_evaluation_interval": "2s",
+        "monitoring_scrape_interval": "2s",
+        "monitoring_evaluation_interval": "2s",
         # The node collector keeps the role's default interval (15 s): every run of it costs each node a Python
         # start and two nvidia-smi queries, and no test waits on a second run of it - the timer's first run, a
         # second after the deployment starts it, already finds the ranks holding their GPU.
-        "sglang_monitoring_stall_window": "20s",
-        "sglang_monitoring_alert_for": dict.fromkeys(ALERT_KEYS, "4s"),
+        "monitoring_stall_window": "20s",
+        "monitoring_alert_for": dict.fromkeys(ALERT_KEYS, "4s"),
         # The controller queries Prometheus; nobody else may.
-        "sglang_monitoring_allowed_clients": [f"{cluster.bridge_ip}/32"],
-        "sglang_monitoring_reports_dir": str(reports),
-        "sglang_monitoring_reports_keep": 2,
+        "monitoring_allowed_clients": [f"{cluster.bridge_ip}/32"],
+        "monitoring_reports_dir": str(reports),
+        "monitoring_reports_keep": 2,
         "spark_grafana_url": grafana,
-        "sglang_monitoring_grafana_token_file": token_file,
+        "monitoring_grafana_token_file": token_file,
     }
 
 
@@ -294,8 +294,8 @@ def test_stopping_a_rank_fires_its_alert(site):
 
 # --- refused before any node is contacted -------------------------------------------------------------------
 
-BAD = {"sglang_monitoring_retention_time": "15 days", "spark_monitor_host": "spark-9",
-       "sglang_monitoring_ttft_p99_seconds": "slow", "spark_monitoring": True}
+BAD = {"monitoring_retention_time": "15 days", "spark_monitor_host": "spark-9",
+       "monitoring_ttft_p99_seconds": "slow", "spark_monitoring": True}
 
 
 @pytest.mark.parametrize("playbook", ["playbooks/render.yml", "site.yml"])
@@ -309,15 +309,15 @@ def test_bad_input_is_refused_before_any_contact(tmp_path, playbook):
         "spark_head": {"hosts": {"spark-0": host("10.0.0.10", "192.168.100.10")}},
         "spark_workers": {"hosts": {"spark-1": host("10.0.0.11", "192.168.100.11")}}}}}))
     out = tmp_path / "rendered"
-    result = run_playbook(playbook, inv, envvars=NO_CONTACT, extravars={"sglang_server_render_dir": str(out), **BAD})
+    result = run_playbook(playbook, inv, envvars=NO_CONTACT, extravars={"server_render_dir": str(out), **BAD})
     assert result.rc != 0, result.stdout[-3000:]
     assert {d["task"] for d in result.failed} == {REFUSED}, result.stdout[-3000:]
     assert result.changed == []
     assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
     message = result.failure_messages()
-    for fragment in ("sglang_monitoring_retention_time = '15 days': not a Prometheus duration",
+    for fragment in ("monitoring_retention_time = '15 days': not a Prometheus duration",
                      "spark_monitor_host = 'spark-9': not a host of the inventory",
-                     "sglang_monitoring_ttft_p99_seconds = 'slow': not a number"):
+                     "monitoring_ttft_p99_seconds = 'slow': not a number"):
         assert fragment in message, message
     assert message.count("Fix:") >= 3
     assert not out.exists()

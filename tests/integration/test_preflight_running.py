@@ -189,7 +189,7 @@ def test_running_rank_passes_and_says_why(sim_inventory, small_fs, rank):
 
 
 def test_a_rank_started_with_an_api_key_is_the_units_own(sim_inventory, sim_cluster, rank):
-    # sglang_server_api_key set: the unit's rank is `python3 -c <launcher>`, which names no sglang.launch_server.
+    # server_api_key set: the unit's rank is `python3 -c <launcher>`, which names no sglang.launch_server.
     held = rank("spark-0", api_key="sk-PreflightKeyed0123")
     n = node(sim_cluster, "spark-0")
     assert len(held) == 1 and sim.ssh(n, f"tr '\\0' ' ' < /proc/{min(held)}/cmdline").split()[1] == "-c"

@@ -40,7 +40,7 @@ def pairs(args: list[str]) -> list[tuple[str, str | None]]:
 
 
 def render(out: Path, extravars: dict | None = None, **kwargs):
-    return run_playbook(PLAYBOOK, INVENTORY, extravars={"sglang_server_render_dir": str(out), **(extravars or {})}, **kwargs)
+    return run_playbook(PLAYBOOK, INVENTORY, extravars={"server_render_dir": str(out), **(extravars or {})}, **kwargs)
 
 
 def assert_refused_before_any_change(result, out: Path, *fragments: str):
@@ -73,9 +73,9 @@ def rendered(tmp_path_factory):
     inventory that says ssh (test_render_contacts_no_node_even_when_the_inventory_says_ssh reads the runs)."""
     inv = _ssh_inventory(tmp_path_factory.mktemp("ssh-inventory"))
     out = tmp_path_factory.mktemp("rendered")
-    first = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    first = run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)})
     assert first.rc == 0, first.stdout
-    second = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    second = run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)})
     return out, first, second
 
 
@@ -162,7 +162,7 @@ def unsupervised_unauthenticated(tmp_path_factory):
     """One render with the supervisor off and no API key: two settings of their own, each read by its
     test (the restart policy from the unit; the key's absence from the env file and the launcher)."""
     out = tmp_path_factory.mktemp("unsupervised") / "rendered"
-    result = render(out, {"sglang_supervisor_enabled": False, "sglang_server_allow_unauthenticated": True})
+    result = render(out, {"supervisor_enabled": False, "server_allow_unauthenticated": True})
     return out, result
 
 
@@ -227,15 +227,15 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
     out = tmp_path / "r"
     shutil.copytree(rendered[0], out)
     result = render(out, {
-        "sglang_server_flag_overrides": {
+        "server_flag_overrides": {
             "context-length": 32768,
             "disable-shared-experts-fusion": False,
             "enable-cache-report": True,
         },
-        "sglang_server_acknowledge_backend_change": True,
-        "sglang_server_api_key": "sk-render-test-key-0123456789abcdef",
-        "sglang_server_nccl_ib_hca": ["mlx5_0", "mlx5_1"],
-        "sglang_server_render_infiniband": False,
+        "server_acknowledge_backend_change": True,
+        "server_api_key": "sk-render-test-key-0123456789abcdef",
+        "server_nccl_ib_hca": ["mlx5_0", "mlx5_1"],
+        "server_render_infiniband": False,
     })
     assert result.rc == 0, result.stdout
     changed_tasks = {d["task"] for d in result.changed}
@@ -261,51 +261,51 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
 # Guard rails through the real playbook: (extravars, fragments of the refusal).
 GUARD_RAILS = {
     "tool-call-parser glm": (
-        {"sglang_server_flag_overrides": {"tool-call-parser": "glm"}},
-        ["sglang_server_flag_overrides['tool-call-parser'] = 'glm'", '"tool_calls": null', "glm47"],
+        {"server_flag_overrides": {"tool-call-parser": "glm"}},
+        ["server_flag_overrides['tool-call-parser'] = 'glm'", '"tool_calls": null', "glm47"],
     ),
     "reasoning-parser missing": (
-        {"sglang_server_flag_overrides": {"reasoning-parser": None}},
+        {"server_flag_overrides": {"reasoning-parser": None}},
         ["drops --reasoning-parser", "</think>", "glm45"],
     ),
     "reasoning-parser glm47": (
-        {"sglang_server_flag_overrides": {"reasoning-parser": "glm47"}},
+        {"server_flag_overrides": {"reasoning-parser": "glm47"}},
         ["['reasoning-parser'] = 'glm47'", "differ on purpose"],
     ),
     "kv cache fp8 with tilelang": (
-        {"sglang_server_flag_overrides": {"kv-cache-dtype": "fp8_e4m3"}},
+        {"server_flag_overrides": {"kv-cache-dtype": "fp8_e4m3"}},
         ["['kv-cache-dtype'] = 'fp8_e4m3'", "tilelang", "bfloat16"],
     ),
     "backend change without acknowledgement": (
-        {"sglang_server_flag_overrides": {"moe-runner-backend": "triton", "attention-backend": "fa3"}},
-        ["['moe-runner-backend'] = 'triton'", "['attention-backend'] = 'fa3'", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"moe-runner-backend": "triton", "attention-backend": "fa3"}},
+        ["['moe-runner-backend'] = 'triton'", "['attention-backend'] = 'fa3'", "server_acknowledge_backend_change"],
     ),
     "shared experts fusion dropped": (
-        {"sglang_server_flag_overrides": {"disable-shared-experts-fusion": False}},
-        ["['disable-shared-experts-fusion'] = false", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"disable-shared-experts-fusion": False}},
+        ["['disable-shared-experts-fusion'] = false", "server_acknowledge_backend_change"],
     ),
     "numbers out of range or not numeric": (
-        {"sglang_server_flag_overrides": {"context-length": "64k", "max-running-requests": 0, "mem-fraction-static": 1.5}},
+        {"server_flag_overrides": {"context-length": "64k", "max-running-requests": 0, "mem-fraction-static": 1.5}},
         ["['context-length'] = '64k'", "['max-running-requests'] = 0", "['mem-fraction-static'] = 1.5"],
     ),
     "model dir is a repo id": (
-        {"sglang_server_model_dir": "LibertAIDAI/GLM-5.3-Flash-NVFP4"},
-        ["sglang_server_model_dir = 'LibertAIDAI/GLM-5.3-Flash-NVFP4'", "processor_config.json"],
+        {"server_model_dir": "LibertAIDAI/GLM-5.3-Flash-NVFP4"},
+        ["server_model_dir = 'LibertAIDAI/GLM-5.3-Flash-NVFP4'", "processor_config.json"],
     ),
     "model dir relative": (
-        {"sglang_server_model_dir": "glm53"},
-        ["sglang_server_model_dir = 'glm53'", "absolute"],
+        {"server_model_dir": "glm53"},
+        ["server_model_dir = 'glm53'", "absolute"],
     ),
     "model dir with metacharacters": (
-        {"sglang_server_model_dir": "/opt/models/$(id)"},
-        ["sglang_server_model_dir = '/opt/models/$(id)'", "metacharacters"],
+        {"server_model_dir": "/opt/models/$(id)"},
+        ["server_model_dir = '/opt/models/$(id)'", "metacharacters"],
     ),
     "topology flag in overrides": (
-        {"sglang_server_flag_overrides": {"tp-size": 4, "node-rank": 0}},
+        {"server_flag_overrides": {"tp-size": 4, "node-rank": 0}},
         ["['tp-size'] = 4", "['node-rank'] = 0", "topology flag"],
     ),
     "typo": (
-        {"sglang_server_flag_overrides": {"max-runing-requests": 1}},
+        {"server_flag_overrides": {"max-runing-requests": 1}},
         ["did you mean 'max-running-requests'"],
     ),
 }
@@ -337,13 +337,13 @@ def guard_rail_render(tmp_path_factory):
         overrides = {}
         for case in cases:
             settings = dict(GUARD_RAILS[case][0])
-            overrides.update(settings.pop("sglang_server_flag_overrides", {}))
+            overrides.update(settings.pop("server_flag_overrides", {}))
             every[host].update(settings)
         if overrides:
-            every[host]["sglang_server_flag_overrides"] = overrides
+            every[host]["server_flag_overrides"] = overrides
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     out = inv.parent / "r"
-    return run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)}), out
+    return run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)}), out
 
 
 @pytest.mark.parametrize("case", sorted(GUARD_RAILS))
@@ -366,12 +366,12 @@ def _inventory_copy(tmp_path: Path) -> tuple[Path, dict]:
 
 def test_one_bad_host_stops_every_host(tmp_path):
     inv, hosts = _inventory_copy(tmp_path)
-    hosts["spark"]["children"]["spark_workers"]["hosts"]["spark-1"]["sglang_server_flag_overrides"] = {
+    hosts["spark"]["children"]["spark_workers"]["hosts"]["spark-1"]["server_flag_overrides"] = {
         "tool-call-parser": "glm"
     }
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     out = tmp_path / "r"
-    result = run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)})
+    result = run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)})
     assert result.rc != 0
     assert {d["host"] for d in result.failed} == {"spark-1"}
     assert result.changed == []
@@ -395,7 +395,7 @@ def misshapen_render(tmp_path_factory):
         mutate(hosts)
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     out = inv.parent / "r"
-    return run_playbook(PLAYBOOK, inv, extravars={"sglang_server_render_dir": str(out)}), out
+    return run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)}), out
 
 
 @pytest.mark.parametrize("shape", list(SHAPES), ids=["two heads", "worker without fabric ip"])
@@ -403,3 +403,44 @@ def test_inventory_shape_is_validated(misshapen_render, shape):
     _, fragment = SHAPES[shape]
     result, out = misshapen_render
     assert_refused_before_any_change(result, out, fragment, "Fix:")
+
+
+def _legacy_inventory(tmp_path: Path, site_values: dict) -> Path:
+    inv, _hosts = _inventory_copy(tmp_path)
+    spark = inv / "group_vars" / "spark.yml"
+    values = yaml.safe_load(spark.read_text()) or {}
+    spark.write_text(yaml.safe_dump({**values, **site_values}))
+    return inv
+
+
+def test_an_inventory_written_for_the_old_names_renders_the_same_with_one_deprecation_line_each(rendered, tmp_path):
+    # The names before the engine-neutral rename (sglang_server_*, sglang_verify_*, ...) still apply.
+    old = {"sglang_server_flag_overrides": {"context-length": 32768}, "sglang_server_port": 30123,
+           "sglang_server_api_key": "sk-legacy-name-key-0123456789abcdef", "sglang_verify_port": 30123}
+    new_out, old_out = tmp_path / "new", tmp_path / "old"
+    by_new = run_playbook(PLAYBOOK, _legacy_inventory(tmp_path / "n", {k[len("sglang_"):]: v for k, v in old.items()}),
+                          extravars={"server_render_dir": str(new_out)})
+    by_old = run_playbook(PLAYBOOK, _legacy_inventory(tmp_path / "o", old), extravars={"server_render_dir": str(old_out)})
+    assert by_new.rc == 0 and by_old.rc == 0, by_old.stdout[-3000:]
+    for host in NODES:
+        for name in ("server-args.json", "sglang.service", "sglang.env"):
+            assert (old_out / host / name).read_text() == (new_out / host / name).read_text(), (host, name)
+        args = json.loads((old_out / host / "server-args.json").read_text())
+        assert args[args.index("--port") + 1] == "30123" and args[args.index("--context-length") + 1] == "32768"
+    lines = [line for line in by_old.stdout.splitlines() if "DEPRECATION WARNING" in line]
+    assert sorted(re.findall(r"\]: (sglang_\w+) \(set for spark-0, spark-1\) is now (\w+):", "\n".join(lines))) == \
+        sorted((k, k[len("sglang_"):]) for k in old), lines
+    assert "DEPRECATION WARNING" not in by_new.stdout
+    # The key's value shows nowhere, under either name.
+    assert "sk-legacy-name-key-0123456789abcdef" not in json.dumps(by_old.events) + by_old.stdout
+
+
+def test_an_inventory_that_sets_a_setting_under_both_names_is_refused_before_any_change(tmp_path):
+    out = tmp_path / "out"
+    result = run_playbook(PLAYBOOK, _legacy_inventory(tmp_path, {"sglang_server_port": 30123, "server_port": 30124}),
+                          extravars={"server_render_dir": str(out)})
+    assert result.rc != 0
+    message = result.stdout
+    assert "spark-0 sets both sglang_server_port (its name before 1.1.0) and server_port" in message, message[-3000:]
+    assert "Fix: keep only the new name" in message
+    assert result.changed == [] and not out.exists()

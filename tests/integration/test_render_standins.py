@@ -73,16 +73,16 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
         "spark_head": {"hosts": {"spark-0": {"ansible_host": "10.0.0.10", "spark_fabric_ip": "127.0.1.10"}}},
         "spark_workers": {"hosts": {"spark-1": {"ansible_host": "10.0.0.11", "spark_fabric_ip": "127.0.1.11"}}}}}}))
     result = run_playbook("playbooks/render.yml", inventory, extravars={
-        "sglang_server_render_dir": str(out),
+        "server_render_dir": str(out),
         "spark_fabric_interface": "lo",
-        "sglang_server_host": LOOPBACK,
-        "sglang_server_port": port,
-        "sglang_server_dist_init_port": dist,
-        "sglang_server_model_dir": str(model),
-        "sglang_server_render_infiniband": False,
-        "sglang_server_api_key": api_key,
+        "server_host": LOOPBACK,
+        "server_port": port,
+        "server_dist_init_port": dist,
+        "server_model_dir": str(model),
+        "server_render_infiniband": False,
+        "server_api_key": api_key,
         # Without a key only on purpose (a deployment would otherwise generate one).
-        "sglang_server_allow_unauthenticated": not api_key,
+        "server_allow_unauthenticated": not api_key,
     })
     assert result.rc == 0, result.stdout
 

@@ -25,7 +25,7 @@ from tests.lib.playbook import run_playbook
 from tests.lib.supervised import REVISION, UNIT, checkpoint_files
 
 READINESS = 300
-TLS = {"sglang_server_tls": True, "sglang_server_readiness_timeout": READINESS, "checkpoint_revision": REVISION}
+TLS = {"server_tls": True, "server_readiness_timeout": READINESS, "checkpoint_revision": REVISION}
 NGINX_CONF = "/etc/nginx/conf.d/sglang.conf"
 
 
@@ -164,7 +164,7 @@ def test_a_streamed_completion_arrives_token_by_token_through_the_proxy(site):
 def test_verify_proves_the_key_and_the_tls_chain(site, tmp_path):
     report = tmp_path / "verify.json"
     result = run_playbook("playbooks/verify.yml", site["cluster"].inventory,
-                          extravars={**TLS, "sglang_verify_report_path": str(report)})
+                          extravars={**TLS, "verify_report_path": str(report)})
     assert result.rc == 0, result.stdout[-3000:]
     checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
     assert checks["auth"]["detail"] == "without a key: HTTP 401, wrong key: HTTP 401, the right key: HTTP 200"
@@ -173,7 +173,7 @@ def test_verify_proves_the_key_and_the_tls_chain(site, tmp_path):
     assert site["key"] not in report.read_text() and site["key"] not in json.dumps(result.events)
     # Against a CA that did not sign the head's certificate (the system's store) the chain check fails.
     result = run_playbook("playbooks/verify.yml", site["cluster"].inventory, extravars={
-        **TLS, "sglang_verify_report_path": str(report), "sglang_verify_tls_ca": "/etc/ssl/certs/ca-certificates.crt"})
+        **TLS, "verify_report_path": str(report), "verify_tls_ca": "/etc/ssl/certs/ca-certificates.crt"})
     assert result.rc != 0
     tls = {c["name"]: c for c in json.loads(report.read_text())["checks"]}["tls"]
     assert not tls["ok"] and "CERTIFICATE_VERIFY_FAILED" in tls["detail"]
@@ -189,7 +189,7 @@ def test_status_asks_over_tls_with_the_key(site):
 
 def test_the_doctor_bundle_holds_no_key(site, tmp_path):
     result = run_playbook("playbooks/doctor.yml", site["cluster"].inventory,
-                          extravars={**TLS, "sglang_doctor_bundle_dir": str(tmp_path)})
+                          extravars={**TLS, "doctor_bundle_dir": str(tmp_path)})
     assert result.rc == 0, result.stdout[-3000:]
     bundles = list(tmp_path.glob("*.tar.gz"))
     assert len(bundles) == 1
@@ -203,10 +203,10 @@ def test_the_doctor_bundle_holds_no_key(site, tmp_path):
 def test_turning_tls_off_gives_the_port_back_to_sglang(site):
     head, key = site["head"], site["key"]
     result = run_playbook("playbooks/server.yml", site["cluster"].inventory,
-                          extravars={**TLS, "sglang_server_tls": False})
+                          extravars={**TLS, "server_tls": False})
     assert result.rc == 0, result.stdout[-4000:]
     assert sh(head, f"test -e {NGINX_CONF} && echo there || echo gone").strip() == "gone"
-    # The run ended once the head listed the model on sglang_server_port again.
+    # The run ended once the head listed the model on server_port again.
     url = f"http://{head.mgmt_ip}:30000/v1/models"
     assert curl(url, key=key)[0] == "200"
     assert curl(url)[0] == "401"

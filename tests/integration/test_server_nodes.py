@@ -328,7 +328,7 @@ def test_flag_change_restarts_both_ranks_worker_first(serving, sim_inventory):
     head, worker = serving.nodes
     before = {n.name: started_at(n) for n in serving.nodes}
     try:
-        result = server(sim_inventory, sglang_server_flag_overrides={"max-running-requests": 1})
+        result = server(sim_inventory, server_flag_overrides={"max-running-requests": 1})
         assert result.rc == 0, result.failure_messages()
         after = {n.name: started_at(n) for n in serving.nodes}
         assert after[head.name] > before[head.name] and after[worker.name] > before[worker.name], (before, after)
@@ -348,7 +348,7 @@ def test_limited_run_refused_before_any_change_when_an_outside_rank_would_differ
     before = {n.name: started_at(n) for n in serving.nodes}
     units = {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes}
     result = run_playbook(SERVER, sim_inventory, limit=worker.name,
-                          extravars={"sglang_server_flag_overrides": {"max-running-requests": 1}})
+                          extravars={"server_flag_overrides": {"max-running-requests": 1}})
     assert result.rc != 0
     assert failed_at(result) == {OUTSIDE_CHECK}
     assert changed_tasks(result) == []
@@ -413,7 +413,7 @@ def test_reprovisioned_worker_converges_alone_and_every_rank_restarts(serving, s
 def test_guard_rail_refuses_before_any_change(serving, sim_inventory):
     before = {n.name: started_at(n) for n in serving.nodes}
     units = {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes}
-    result = server(sim_inventory, sglang_server_flag_overrides={"tool-call-parser": "glm"})
+    result = server(sim_inventory, server_flag_overrides={"tool-call-parser": "glm"})
     assert result.rc != 0
     assert failed_at(result) == {PLAN}
     assert changed_tasks(result) == []
@@ -441,7 +441,7 @@ def test_image_mismatch_between_nodes_refused_before_any_rank_starts(serving, si
     result = server(sim_inventory)
     assert result.rc != 0
     assert SAME_IMAGE in failed_at(result)
-    assert other in result.failure_messages() and "sglang_server_image_digest" in result.failure_messages()
+    assert other in result.failure_messages() and "server_image_digest" in result.failure_messages()
     # Pulling is how the mismatch is found; nothing after it ran.
     assert {c.split(": ", 1)[1] for c in changed_tasks(result)} <= {READ}
     assert {n.name: started_at(n) for n in serving.nodes} == before
@@ -506,7 +506,7 @@ def test_failed_start_fails_early_shows_every_journal_and_stops_every_rank(servi
 
 def validate_command(unit_file: str) -> str:
     """The role's own `validate:` of the unit template, aimed at unit_file."""
-    tasks = yaml.safe_load((REPO / "roles/sglang_server/tasks/install.yml").read_text())
+    tasks = yaml.safe_load((REPO / "roles/server/tasks/install.yml").read_text())
     task = next(t for t in tasks if t.get("name") == "Install the systemd unit")
     command = task["ansible.builtin.template"]["validate"]
     assert "{{ spark_unit_name }}" in command, command

@@ -47,9 +47,9 @@ pytestmark = pytest.mark.slow
 # Checks every second, a restart stable after two healthy checks: the shortest watch the stand-in's
 # sub-second generations allow (the probe's deadline stays 3 s, so a slow answer on a loaded machine
 # is not taken for a hang).
-SUPERVISOR = {**SUPERVISOR, "checkpoint_revision": REVISION, "sglang_supervisor_max_restarts": 3,
-              "sglang_supervisor_interval": 1, "sglang_supervisor_stable_after": 2}
-MAX_RESTARTS = SUPERVISOR["sglang_supervisor_max_restarts"]
+SUPERVISOR = {**SUPERVISOR, "checkpoint_revision": REVISION, "supervisor_max_restarts": 3,
+              "supervisor_interval": 1, "supervisor_stable_after": 2}
+MAX_RESTARTS = SUPERVISOR["supervisor_max_restarts"]
 UNIT = "sglang.service"
 STATE = STATE_DIR
 # The spaced incidents healed so far, in order (each one group restart, then stable service).
@@ -240,7 +240,7 @@ def test_status_and_doctor_show_the_give_up(site, tmp_path):
     assert "; supervisor gave-up since " in head and f"failing streak {MAX_RESTARTS}/{MAX_RESTARTS}" in head
     assert "no attempt pending" in head
     doctor = run_playbook("playbooks/doctor.yml", site.inventory,
-                          extravars={**SUPERVISOR, "sglang_doctor_bundle_dir": str(tmp_path)})
+                          extravars={**SUPERVISOR, "doctor_bundle_dir": str(tmp_path)})
     assert doctor.rc == 0, doctor.stdout[-3000:]
     shown = "\n".join(doctor.results("Show the group supervisor's state and history")["spark-0"]["msg"])
     assert "GAVE UP" in shown and "history (earlier incidents, no remedy):" in shown

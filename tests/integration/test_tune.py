@@ -30,7 +30,7 @@ BUDGET = 2 * 65536
 # is tried at 131072 (2 does not start there); the failure right above the running point (a cap of 3, one
 # restart more) is the unit test's (test_a_cap_above_the_running_point_tries_the_failure_above_it_first).
 CAP = 2
-TUNE = {"sglang_tune_contexts": CONTEXTS, "sglang_tune_max_requests": CAP}
+TUNE = {"tune_contexts": CONTEXTS, "tune_max_requests": CAP}
 ARGS = "/etc/sglang/server-args.json"
 UNIT = "sglang.service"
 PINNED = {"checkpoint_revision": REVISION}
@@ -68,8 +68,8 @@ def site(sim_cluster):
 def tuned(site, tmp_path_factory):
     out = tmp_path_factory.mktemp("tune")
     result = run_playbook("playbooks/tune.yml", site.inventory, timeout=1800, extravars={
-        **PINNED, **TUNE, "sglang_tune_dir": str(out), "tune_benchmark": True,
-        "sglang_benchmark_max_tokens": 8, "sglang_benchmark_min_requests": 2, "sglang_benchmark_rounds": 1})
+        **PINNED, **TUNE, "tune_dir": str(out), "tune_benchmark": True,
+        "benchmark_max_tokens": 8, "benchmark_min_requests": 2, "benchmark_rounds": 1})
     assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
     (report,) = out.glob("tune-*Z.json")
     return result, json.loads(report.read_text()), out
@@ -102,8 +102,8 @@ def test_the_profiles_file_holds_one_profile_per_startable_point(tuned):
     result, _report, out = tuned
     (path,) = out.glob("tune-*-profiles.yml")
     text = path.read_text()
-    assert text.startswith("#") and "sglang_server_profile: <name>" in text
-    assert yaml.safe_load(text) == {"sglang_server_profiles": {
+    assert text.startswith("#") and "server_profile: <name>" in text
+    assert yaml.safe_load(text) == {"server_profiles": {
         "ctx65536-req2": {"context-length": 65536, "max-running-requests": 2},
         "ctx131072-req1": {"context-length": 131072, "max-running-requests": 1}}}
     table = "\n".join(next(iter(result.results("Show the frontier").values()))["msg"])
@@ -131,7 +131,7 @@ def test_a_second_run_resumes_and_ends_on_the_profile_tune_apply_names(tuned, si
     _result, report, out = tuned
     before = [started(n) for n in site.nodes]
     result = run_playbook("playbooks/tune.yml", site.inventory, timeout=1800, extravars={
-        **PINNED, **TUNE, "sglang_tune_dir": str(out), "tune_apply": "ctx131072-req1"})
+        **PINNED, **TUNE, "tune_dir": str(out), "tune_apply": "ctx131072-req1"})
     assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
     assert [e for e in result.task_events("runner_on_ok") if e["event_data"].get("task") == "Show the candidate"] == []
     assert "Resuming:" in " ".join(next(iter(result.results("Show where the tune starts").values()))["msg"])

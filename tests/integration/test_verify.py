@@ -129,8 +129,8 @@ def good_run(tmp_path_factory):
     try:
         port = servers.start(flags=GOOD)
         result = run_playbook("playbooks/verify.yml", write_inventory(base), extravars={
-            "sglang_verify_port": port, "sglang_verify_report_dir": str(base / "reports"),
-            "sglang_server_allow_unauthenticated": True})
+            "verify_port": port, "verify_report_dir": str(base / "reports"),
+            "server_allow_unauthenticated": True})
     finally:
         servers.stop()
     return result, base / "reports"
@@ -140,8 +140,8 @@ def verify(inventory, port, tmp_path, **extravars):
     """Most stand-ins here serve without a key: verify is told so (a WARN row) unless a test says otherwise."""
     report = tmp_path / "report.json"
     result = run_playbook("playbooks/verify.yml", inventory, extravars={
-        "sglang_verify_port": port, "sglang_verify_report_path": str(report),
-        "sglang_server_allow_unauthenticated": True, **extravars})
+        "verify_port": port, "verify_report_path": str(report),
+        "server_allow_unauthenticated": True, **extravars})
     assert report.exists(), result.stdout[-3000:]
     return result, json.loads(report.read_text())
 
@@ -192,8 +192,8 @@ def test_tool_call_parser_glm_is_diagnosed(serve, local_inventory, tmp_path):
 
 def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
     port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"], api_key=API_KEY)
-    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY,
-                            sglang_server_allow_unauthenticated=False)
+    result, report = verify(local_inventory, port, tmp_path, server_api_key=API_KEY,
+                            server_allow_unauthenticated=False)
     assert result.rc == 0, result.stdout[-3000:]
     assert report["ok"] is True and report["api_key_sent"] is True
     # Without a key and with a wrong one: 401, proven on every run.
@@ -204,17 +204,17 @@ def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
     assert API_KEY not in json.dumps(result.events)
 
     # No key known (none given, none generated beside the inventory): refused, with where it was looked for.
-    result, report = verify(local_inventory, port, tmp_path, sglang_server_allow_unauthenticated=False)
+    result, report = verify(local_inventory, port, tmp_path, server_allow_unauthenticated=False)
     assert result.rc != 0
     assert not checks(report)["models"]["ok"]
-    assert "sglang_server_api_key" in checks(report)["models"]["remedy"]
+    assert "server_api_key" in checks(report)["models"]["remedy"]
     key_file = tmp_path / ".credentials" / "sglang_api_key"
     assert f"{key_file} does not exist" in checks(report)["auth"]["detail"]
 
     # The key the server role generated beside the inventory is the one sent.
     key_file.parent.mkdir(mode=0o700)
     key_file.write_text(API_KEY + "\n")
-    result, report = verify(local_inventory, port, tmp_path, sglang_server_allow_unauthenticated=False)
+    result, report = verify(local_inventory, port, tmp_path, server_allow_unauthenticated=False)
     assert result.rc == 0, result.stdout[-3000:]
     assert report["api_key_sent"] is True and checks(report)["auth"]["ok"] and not checks(report)["auth"]["warn"]
     assert API_KEY not in result.stdout and API_KEY not in json.dumps(result.events)
@@ -222,8 +222,8 @@ def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
 
 def test_a_server_that_checks_no_key_fails_the_auth_check(serve, local_inventory, tmp_path):
     port = serve(flags=["--reasoning-parser", "glm45", "--tool-call-parser", "glm47"])
-    result, report = verify(local_inventory, port, tmp_path, sglang_server_api_key=API_KEY,
-                            sglang_server_allow_unauthenticated=False)
+    result, report = verify(local_inventory, port, tmp_path, server_api_key=API_KEY,
+                            server_allow_unauthenticated=False)
     assert result.rc != 0
     auth = checks(report)["auth"]
     assert not auth["ok"] and auth["detail"].startswith("served without a key and with a wrong key")

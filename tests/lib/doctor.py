@@ -29,7 +29,7 @@ def run_doctor(cluster, out_dir: Path, check=False, **extravars):
     """The doctor as an operator runs it: with the inventory alone (plus `extravars`), none of the -e that
     deployed the group. Returns (result, {bundle path: text}, bundle)."""
     result = run_playbook("playbooks/doctor.yml", cluster.inventory, check=check,
-                          extravars={"sglang_doctor_bundle_dir": str(out_dir), **extravars})
+                          extravars={"doctor_bundle_dir": str(out_dir), **extravars})
     assert result.rc == 0, result.stdout[-4000:]
     bundles = sorted(out_dir.glob("doctor-*.tar.gz"))
     assert len(bundles) == (0 if check else 1), list(out_dir.iterdir())

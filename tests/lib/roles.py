@@ -1,6 +1,6 @@
 """What the tests read from the roles' own files, each from the one place that knows where it lives.
 
-The flag model is moving from the server role's vars (`__sglang_server_flag_model`) to the site
+The flag model is moving from the server role's vars (`__server_flag_model`) to the site
 role's (`spark_flag_model`): `flag_model()` reads the new place when it holds the model and the old
 one until then, so no test names either file.
 """
@@ -21,7 +21,7 @@ ROLES = REPO / "roles"
 # Where the SGLang flag model lives, preferred first.
 FLAG_MODEL_PLACES = (
     (ROLES / "spark" / "vars" / "main.yml", "spark_flag_model"),
-    (ROLES / "sglang_server" / "vars" / "main.yml", "__sglang_server_flag_model"),
+    (ROLES / "server" / "vars" / "main.yml", "__server_flag_model"),
 )
 
 
@@ -54,7 +54,7 @@ def flag_model() -> dict:
 
 def keyed_launcher() -> str:
     """The `python3 -c` program the unit runs instead of `-m sglang.launch_server` when an API key is set."""
-    return role_vars("sglang_server")["__sglang_server_keyed_launcher"]
+    return role_vars("server")["__server_keyed_launcher"]
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The sglang_server filter and the input its plan is built from, for the unit tests of the plan.
+"""The server filter and the input its plan is built from, for the unit tests of the plan.
 
 Shared by the tests of the flag model and of the rejoin check, so that neither
 test module imports the other.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from tests.lib.roles import filter_plugin, flag_model, role_defaults, role_vars
 
-FILTER = filter_plugin("sglang_server")
+FILTER = filter_plugin("server")
 MODEL = flag_model()
-VARS = role_vars("sglang_server")
+VARS = role_vars("server")
 # The plan reads the site role's values (unit name, ...) beside the server role's own.
-DEFAULTS = {**role_defaults("spark"), **role_defaults("sglang_server")}
+DEFAULTS = {**role_defaults("spark"), **role_defaults("server")}
 
 
 def ctx(host="spark-0", **changes):
@@ -22,8 +22,8 @@ def ctx(host="spark-0", **changes):
         "head_group": ["spark-0"],
         "worker_group": ["spark-1"],
         "fabric_ips": {"spark-0": "192.168.100.10", "spark-1": "192.168.100.11"},
-        "container_model_root": VARS["__sglang_server_container_model_root"],
-        "sglang_server_fabric_interface": "enp1s0f1np1",
+        "container_model_root": VARS["__server_container_model_root"],
+        "server_fabric_interface": "enp1s0f1np1",
     }
     for key, value in DEFAULTS.items():
         if isinstance(value, str) and "{{" in value:

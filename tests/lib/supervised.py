@@ -22,20 +22,20 @@ ALERT = f"{STATE_DIR}/alert.json"
 # restart is a recovery after two healthy checks (stable_after), and a failing streak backs off
 # 2 s, then 4 s, at most 8 s.
 SUPERVISOR = {
-    "sglang_supervisor_enabled": True,
-    "sglang_supervisor_interval": 2,
-    "sglang_supervisor_failures": 2,
-    "sglang_supervisor_probe_timeout": 3,
-    "sglang_supervisor_max_restarts": 20,
-    "sglang_supervisor_stable_after": 4,
-    "sglang_supervisor_backoff_initial": 2,
-    "sglang_supervisor_backoff_max": 8,
-    "sglang_supervisor_window_max_restarts": 20,
-    "sglang_supervisor_window": 3600,
-    "sglang_supervisor_gpu_release_timeout": 60,
-    "sglang_supervisor_alert_command": f"cat > {ALERT}",
-    "sglang_server_readiness_timeout": 300,
-    "sglang_server_stop_timeout": 10,
+    "supervisor_enabled": True,
+    "supervisor_interval": 2,
+    "supervisor_failures": 2,
+    "supervisor_probe_timeout": 3,
+    "supervisor_max_restarts": 20,
+    "supervisor_stable_after": 4,
+    "supervisor_backoff_initial": 2,
+    "supervisor_backoff_max": 8,
+    "supervisor_window_max_restarts": 20,
+    "supervisor_window": 3600,
+    "supervisor_gpu_release_timeout": 60,
+    "supervisor_alert_command": f"cat > {ALERT}",
+    "server_readiness_timeout": 300,
+    "server_stop_timeout": 10,
 }
 # Long enough for a group restart and a node's boot on a loaded 2-core machine; waits end on the event.
 RECOVERY = 420

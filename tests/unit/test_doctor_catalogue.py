@@ -25,10 +25,10 @@ import yaml
 from tests.lib.roles import filter_plugin, flag_model
 
 REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "sglang_doctor"
+ROLE = REPO / "roles" / "doctor"
 
 
-doctor = filter_plugin("sglang_doctor")
+doctor = filter_plugin("doctor")
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 HYBRID = "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
 
@@ -94,7 +94,7 @@ LINES: dict[str, tuple[list[str], int, bool]] = {
         "[2026-11-29 10:06:01] The server is fired up and ready to roll!",
     ], 0, True),
 }
-CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__sglang_doctor_fingerprints"]
+CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__doctor_fingerprints"]
 FLAG_MODEL = flag_model()
 
 NOW = 1_800_000_000.0
@@ -197,15 +197,15 @@ def test_hybrid_cache_sets_the_requests_the_pool_backs_in_one_step():
     f = found[0]
     assert "deployed max-running-requests 8 and context-length 65536" in f["cause"]
     assert "20 // 5 = 4 request(s) fit" in f["remedy"] and "lower max-running-requests 8 -> 4" in f["remedy"]
-    assert f["apply"] == {"sglang_server_flag_overrides": {"max-running-requests": 4}}
-    assert "apply with: sglang_server_flag_overrides: {max-running-requests: 4}" in f["remedy"]
+    assert f["apply"] == {"server_flag_overrides": {"max-running-requests": 4}}
+    assert "apply with: server_flag_overrides: {max-running-requests: 4}" in f["remedy"]
 
 
 def test_hybrid_cache_keeps_every_other_deployed_override():
     """Deployed with context-length 262144, diagnosed without the deploying -e: the context is kept."""
     c = ctx(deployed(running=8, context=262144))
     f = doctor.findings(hybrid(5, 5, 1), CATALOGUE, c)[0]
-    assert f["apply"] == {"sglang_server_flag_overrides": {"context-length": 262144, "max-running-requests": 1}}
+    assert f["apply"] == {"server_flag_overrides": {"context-length": 262144, "max-running-requests": 1}}
     assert "keep context-length 262144" in f["remedy"]
 
 
@@ -213,7 +213,7 @@ def test_hybrid_cache_lowers_context_when_not_one_request_fits():
     c = ctx(deployed(running=2, context=1048576))
     f = doctor.findings(hybrid(1, 5, 0), CATALOGUE, c)[0]
     # 1048576 x 1 / 5 = 209715 tokens of state: one request at 208896 (a multiple of 1024).
-    assert f["apply"] == {"sglang_server_flag_overrides": {"context-length": 208896, "max-running-requests": 1}}
+    assert f["apply"] == {"server_flag_overrides": {"context-length": 208896, "max-running-requests": 1}}
     assert "1048576 x 1 / 5 = 209715 tokens" in f["remedy"] and "lower context-length 1048576 -> 208896" in f["remedy"]
 
 
@@ -221,7 +221,7 @@ def test_hybrid_cache_without_one_slot_gives_the_upper_bound():
     c = ctx(deployed(running=1, context=1048576))
     f = doctor.findings(hybrid(0, 5, 0), CATALOGUE, c)[0]
     # max-running-requests 1 is a deployed override too: kept.
-    assert f["apply"]["sglang_server_flag_overrides"] == {"max-running-requests": 1, "context-length": 208896}
+    assert f["apply"]["server_flag_overrides"] == {"max-running-requests": 1, "context-length": 208896}
     assert "an upper bound" in f["remedy"]
 
 
@@ -236,11 +236,11 @@ def test_oom_kill_is_told_by_dockers_oom_event_and_computed_from_the_deployed_ca
     f = found[0]
     assert "--memory 96g" in f["cause"]
     # 0.84 x 119.7 + 4 = 104.5 GiB held; raise to 106g (1 GiB margin), or (96 - 4 - 1) / 119.7 = 0.76.
-    for part in ("0.84 x 119.7 GiB", "= 104.5 GiB", "--memory 96g (96.0 GiB)", "raise sglang_server_container_memory 96g -> 106g",
+    for part in ("0.84 x 119.7 GiB", "= 104.5 GiB", "--memory 96g (96.0 GiB)", "raise server_container_memory 96g -> 106g",
                  "lower mem-fraction-static 0.84 -> 0.76", "not max-running-requests"):
         assert part in f["remedy"], (part, f["remedy"])
-    assert f["apply"] == {"sglang_server_container_memory": "106g"}
-    assert f["alternative"] == {"sglang_server_flag_overrides": {"mem-fraction-static": 0.76}}
+    assert f["apply"] == {"server_container_memory": "106g"}
+    assert f["alternative"] == {"server_flag_overrides": {"mem-fraction-static": 0.76}}
     assert "docker: container OOM-killed" in f["evidence"]
 
 
@@ -249,7 +249,7 @@ def test_oom_kill_above_the_gpus_memory_only_lowers_the_fraction():
     found = doctor.findings(node([], status=137, container={"OOMKilled": True}), CATALOGUE, c)
     f = found[0]
     assert f["id"] == "oom_killed"
-    assert f["apply"] == {"sglang_server_flag_overrides": {"mem-fraction-static": 0.96}}
+    assert f["apply"] == {"server_flag_overrides": {"mem-fraction-static": 0.96}}
 
 
 def test_exit_137_without_an_oom_kill_is_a_signal():
@@ -327,7 +327,7 @@ def test_a_rendezvous_timeout_with_the_peer_there_points_at_the_fabric():
     found = doctor.findings(n, CATALOGUE, ctx(mtu=1500))
     f = next(f for f in found if f["id"] == "distributed_timeout")
     assert "every peer's rank was running then" in f["cause"]
-    for part in ("sglang_server_fabric_interface", "MTU must be 9000", "now 1500", "SGLANG_HOST_IP", "playbooks/fabric.yml"):
+    for part in ("server_fabric_interface", "MTU must be 9000", "now 1500", "SGLANG_HOST_IP", "playbooks/fabric.yml"):
         assert part in f["remedy"]
 
 
@@ -387,7 +387,7 @@ def test_missing_processor_config_asks_for_a_local_directory(name):
     found = doctor.findings(planted(name), CATALOGUE, ctx())
     assert ids(found) == ["processor_config_missing"]
     assert "LOCAL directory" in found[0]["remedy"]
-    assert "sglang_server_model_dir" in found[0]["remedy"] and "/opt/models/glm53" in found[0]["remedy"]
+    assert "server_model_dir" in found[0]["remedy"] and "/opt/models/glm53" in found[0]["remedy"]
 
 
 def test_cuda_out_of_memory_is_not_the_containers_limit():
@@ -501,7 +501,7 @@ def test_deployed_values_come_from_the_loaded_unit_and_differences_are_drift():
     assert dep["image"] == "lmsysorg/sglang:glm-5.3-flash-arm64"
     found = doctor.drift(dep, FLAG_MODEL, {}, "120g", "lmsysorg/sglang:glm-5.3-flash-arm64")
     assert found == [{"what": "flag context-length", "inventory": "65536", "node": "262144"},
-                     {"what": "container memory (sglang_server_container_memory)", "inventory": "120g", "node": "96g"}]
+                     {"what": "container memory (server_container_memory)", "inventory": "120g", "node": "96g"}]
     assert doctor.drift(dep, FLAG_MODEL, {"context-length": 262144}, "96g", None) == []
 
 
@@ -535,7 +535,7 @@ PLAIN_KEY = "plainlowercasekeyvalue"  # noqa: S105 - planted on purpose: no shap
     f"server_args=ServerArgs(model_path='/models/glm53', api_key='{PLAIN_KEY}', port=30000)",
     f'{{"admin_api_key": "{PLAIN_KEY}"}}',
     f'{{"admin-api-key": "{PLAIN_KEY}", "port": "30000"}}',
-    f"sglang_server_api_key: {PLAIN_KEY}",
+    f"server_api_key: {PLAIN_KEY}",
     f"-----BEGIN PRIVATE KEY-----\n{PLAIN_KEY}\n-----END PRIVATE KEY-----",
     f"python3 -m sglang.launch_server --api-key {PLAIN_KEY} --port 30000",
     f"--admin-api-key={PLAIN_KEY}",
@@ -636,7 +636,7 @@ def test_the_standins_hybrid_figures_give_a_remedy_it_then_starts_with(tmp_path,
     """One step: the override computed from the stand-in's error is one the stand-in then serves with."""
     n = standin(tmp_path, "--max-running-requests", str(running), "--context-length", str(context))
     f = doctor.findings(n, CATALOGUE, ctx(deployed(running=running, context=context)))[0]
-    assert f["apply"] == {"sglang_server_flag_overrides": apply}
+    assert f["apply"] == {"server_flag_overrides": apply}
     fixed = {"max-running-requests": running, "context-length": context, **apply}
     model = tmp_path / "glm53"
     args = ["--model-path", str(model), "--tp-size", "1", "--nnodes", "1", "--node-rank", "0",

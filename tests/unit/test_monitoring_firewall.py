@@ -1,8 +1,8 @@
-"""The monitoring ports in the firewall's plan (sglang_firewall, wired from the monitoring role's settings).
+"""The monitoring ports in the firewall's plan (firewall, wired from the monitoring role's settings).
 
 The node exporter's port admits the monitoring host only, Prometheus's the allowed clients only (nobody by default),
 loopback always; the head's HTTP port admits the monitoring host besides its clients (/metrics). The packets run
-through `sglang_firewall_verdict` here are decided by the same rules the nftables table holds.
+through `firewall_verdict` here are decided by the same rules the nftables table holds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 from tests.lib.playbook import REPO
 from tests.lib.roles import filter_plugin, role_defaults
 
-fw = filter_plugin("sglang_firewall")
+fw = filter_plugin("firewall")
 HEAD, WORKER, MONITOR = "spark-0", "spark-1", "mon-0"
 CONTROLLER = "10.0.0.1"
 
@@ -21,10 +21,10 @@ CONTROLLER = "10.0.0.1"
 def services(monitor=WORKER, clients=(), exporter=9100, prometheus=9090):
     """What group_vars/all/spark.yml wires from the monitoring role's settings."""
     return [
-        {"name": "node exporter", "port": exporter, "var": "sglang_monitoring_node_exporter_port", "clients": [],
+        {"name": "node exporter", "port": exporter, "var": "monitoring_node_exporter_port", "clients": [],
          "client_hosts": [monitor]},
-        {"name": "Prometheus", "port": prometheus, "var": "sglang_monitoring_prometheus_port",
-         "clients_var": "sglang_monitoring_allowed_clients", "clients": list(clients), "client_hosts": []},
+        {"name": "Prometheus", "port": prometheus, "var": "monitoring_prometheus_port",
+         "clients_var": "monitoring_allowed_clients", "clients": list(clients), "client_hosts": []},
     ]
 
 
@@ -38,11 +38,11 @@ def plan(host=HEAD, monitor=WORKER, **changes):
         "service_ports": services(monitor), "http_client_hosts": [monitor],
     }
     ctx.update(changes)
-    return fw.sglang_firewall_plan(ctx)
+    return fw.firewall_plan(ctx)
 
 
 def verdict(p, saddr, daddr, dport, iif="eth0"):
-    return fw.sglang_firewall_verdict(p, {"saddr": saddr, "daddr": daddr, "dport": dport, "iif": iif})[0]
+    return fw.firewall_verdict(p, {"saddr": saddr, "daddr": daddr, "dport": dport, "iif": iif})[0]
 
 
 def test_the_exporter_admits_the_monitoring_host_only_and_prometheus_nobody_by_default():
@@ -81,10 +81,10 @@ def test_the_http_port_admits_the_monitoring_host_outside_the_clients():
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [
-    ({"service_ports": services(exporter=22)}, "sglang_monitoring_node_exporter_port = 22: ansible_port uses that port"),
-    ({"service_ports": services(prometheus=30000)}, "sglang_monitoring_prometheus_port = 30000: sglang_firewall_http_port"),
-    ({"service_ports": services(clients=["10.0.0.1/24"])}, "sglang_monitoring_allowed_clients[0] = '10.0.0.1/24'"),
-    ({"service_ports": services(exporter="x")}, "sglang_monitoring_node_exporter_port = 'x': not a TCP port"),
+    ({"service_ports": services(exporter=22)}, "monitoring_node_exporter_port = 22: ansible_port uses that port"),
+    ({"service_ports": services(prometheus=30000)}, "monitoring_prometheus_port = 30000: firewall_http_port"),
+    ({"service_ports": services(clients=["10.0.0.1/24"])}, "monitoring_allowed_clients[0] = '10.0.0.1/24'"),
+    ({"service_ports": services(exporter="x")}, "monitoring_node_exporter_port = 'x': not a TCP port"),
 ])
 def test_clashing_or_bad_monitoring_ports_are_refused(changes, fragment):
     errors = plan(**changes)["errors"]
@@ -102,9 +102,9 @@ def test_a_monitoring_host_named_without_an_address_is_refused_on_the_node():
 
 def test_the_wiring_matches_the_monitoring_defaults():
     wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
-    monitoring = role_defaults("sglang_monitoring")
-    text = wiring["sglang_firewall_service_ports"]
-    assert f"sglang_monitoring_node_exporter_port | default({monitoring['sglang_monitoring_node_exporter_port']})" in text
-    assert f"sglang_monitoring_prometheus_port | default({monitoring['sglang_monitoring_prometheus_port']})" in text
-    assert "sglang_monitoring_allowed_clients | default([])" in text and monitoring["sglang_monitoring_allowed_clients"] == []
-    assert role_defaults("sglang_firewall")["sglang_firewall_service_ports"] == []
+    monitoring = role_defaults("monitoring")
+    text = wiring["firewall_service_ports"]
+    assert f"monitoring_node_exporter_port | default({monitoring['monitoring_node_exporter_port']})" in text
+    assert f"monitoring_prometheus_port | default({monitoring['monitoring_prometheus_port']})" in text
+    assert "monitoring_allowed_clients | default([])" in text and monitoring["monitoring_allowed_clients"] == []
+    assert role_defaults("firewall")["firewall_service_ports"] == []

@@ -12,7 +12,7 @@ import json
 from tests.lib.playbook import REPO
 from tests.lib.roles import filter_plugin
 
-doctor = filter_plugin("sglang_doctor")
+doctor = filter_plugin("doctor")
 
 
 def line(t, message, inv, pid1=False):
@@ -52,12 +52,12 @@ def test_the_previous_boots_start_is_an_earlier_start_and_the_boots_are_counted(
 def test_a_journal_of_this_boot_only_is_told():
     ev = evidence(["  0 2222222222222222222222222222222 Mon 2026-11-30 08:00:00 UTC Mon 2026-11-30 15:00:00 UTC"])
     assert ev["facts"]["journal_boots"] == 1
-    analyse = (REPO / "roles" / "sglang_doctor" / "tasks" / "analyse.yml").read_text()
-    assert "journal of {{ __sglang_doctor_facts.journal_boots" in analyse and "(this boot only)" in analyse
-    probe = (REPO / "roles" / "sglang_doctor" / "library" / "sglang_doctor_probe.py").read_text()
+    analyse = (REPO / "roles" / "doctor" / "tasks" / "analyse.yml").read_text()
+    assert "journal of {{ __doctor_facts.journal_boots" in analyse and "(this boot only)" in analyse
+    probe = (REPO / "roles" / "doctor" / "library" / "doctor_probe.py").read_text()
     assert "journalctl --no-pager --list-boots" in probe
 
 
 def test_the_journald_drop_in_keeps_the_journal_on_disk_within_its_cap():
-    template = (REPO / "roles" / "sglang_monitoring" / "templates" / "journald.conf.j2").read_text()
-    assert "[Journal]\nStorage=persistent\nSystemMaxUse={{ sglang_monitoring_journal_max_use }}" in template
+    template = (REPO / "roles" / "monitoring" / "templates" / "journald.conf.j2").read_text()
+    assert "[Journal]\nStorage=persistent\nSystemMaxUse={{ monitoring_journal_max_use }}" in template

@@ -32,8 +32,8 @@ from tests.lib.seed import DEFAULT_FLAGS, flatten
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 NVIDIA_SMI = REPO / "tests" / "standins" / "bin" / "nvidia-smi"
-COLLECTOR = REPO / "roles" / "sglang_monitoring" / "files" / "spark_node_collector.py"
-DASHBOARD = REPO / "roles" / "sglang_monitoring" / "files" / "sglang-dashboard.json"
+COLLECTOR = REPO / "roles" / "monitoring" / "files" / "spark_node_collector.py"
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "sglang-dashboard.json"
 LOOPBACK = "127.0.0.1"
 KEY = "sk-monitoring-test-key-0123456789abcdef"
 MODEL_LABEL = {"model_name": "/models/glm53"}
@@ -350,7 +350,7 @@ def test_every_metric_a_dashboard_panel_uses_exists(tmp_path, standin):
     (state / "state.json").write_text(json.dumps({"state": "healthy", "failures": 0, "restarts": []}))
     names |= {name for name, _, _ in collect(tmp_path, "--supervisor-state-dir", str(state))["samples"]}
     names |= exporter_names(tmp_path, tmp_path / "textfile")
-    rules = filter_plugin("sglang_monitoring").sglang_monitoring_rules({
+    rules = filter_plugin("monitoring").monitoring_rules({
         "ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10, "gpu_temperature_celsius": 85})
     rule_names = set().union(*(promql_metrics(r["expr"]) for r in rules["groups"][0]["rules"]))
     dashboard = json.loads(DASHBOARD.read_text())

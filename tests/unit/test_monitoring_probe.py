@@ -1,7 +1,7 @@
-"""The monitoring role's one read of a node (sglang_monitoring_probe) and what it is compared with.
+"""The monitoring role's one read of a node (monitoring_probe) and what it is compared with.
 
 A no-change run reads the packages, files and units the role owns in one probe and installs nothing when they
-are what the role would install (sglang_monitoring_drift); any difference - a package gone, a file edited,
+are what the role would install (monitoring_drift); any difference - a package gone, a file edited,
 removed or of another mode, a unit stopped or disabled - runs the installation. The reports directory on the
 controller is pruned without counting as a change of any node.
 """
@@ -18,7 +18,7 @@ import yaml
 from tests.lib.role_module import REPO, run_role_module
 from tests.lib.roles import filter_plugin
 
-FILTER = filter_plugin("sglang_monitoring")
+FILTER = filter_plugin("monitoring")
 DROPIN = "/etc/systemd/system/prometheus-node-exporter.service.d/sglang-monitoring.conf"
 KEY = "/etc/prometheus/spark/sglang_api_key"
 WANT = {"packages": ["prometheus-node-exporter"],
@@ -41,7 +41,7 @@ def node(**changes):
 
 
 def test_a_node_that_holds_what_the_role_installs_has_nothing_to_do():
-    assert FILTER.sglang_monitoring_drift(node(), WANT) == []
+    assert FILTER.monitoring_drift(node(), WANT) == []
 
 
 @pytest.mark.parametrize(("changes", "found"), [
@@ -60,14 +60,14 @@ def test_a_node_that_holds_what_the_role_installs_has_nothing_to_do():
      "prometheus-node-exporter.service not enabled (disabled)"),
 ])
 def test_any_difference_on_the_node_runs_the_installation(changes, found):
-    assert found in FILTER.sglang_monitoring_drift(node(**changes), WANT)
+    assert found in FILTER.monitoring_drift(node(**changes), WANT)
 
 
 def test_the_probe_reads_packages_files_and_directories_in_one_go(tmp_path):
     program = tmp_path / "collector.py"
     program.write_bytes(b"#!/usr/bin/python3\nprint('x')\n")
     program.chmod(0o755)
-    result = run_role_module("sglang_monitoring", "sglang_monitoring_probe", {
+    result = run_role_module("monitoring", "monitoring_probe", {
         "packages": ["spark-no-such-package"], "paths": [str(program), str(tmp_path), str(tmp_path / "gone")]},
         tmp_path, check=True)
     assert result["changed"] is False
@@ -82,10 +82,10 @@ def test_the_probe_reads_packages_files_and_directories_in_one_go(tmp_path):
 
 
 def test_pruning_the_controllers_reports_is_no_change_of_a_node():
-    tasks = yaml.safe_load((REPO / "roles" / "sglang_monitoring" / "tasks" / "controller.yml").read_text())
+    tasks = yaml.safe_load((REPO / "roles" / "monitoring" / "tasks" / "controller.yml").read_text())
     prune = next(t for t in tasks if t["name"].startswith("Keep only the last runs of each report kind"))
     # Housekeeping on the controller: the run's changed count stays the nodes' (a drift check reads 0).
     assert prune["changed_when"] is False
     assert prune["delegate_to"] == "localhost" and prune["run_once"] is True and prune["become"] is False
     # It still removes what the kept number leaves out, in the controller's process (tests/integration/test_monitoring).
-    assert set(prune["sglang_monitoring_reports"]) == {"path", "kinds", "keep"}
+    assert set(prune["monitoring_reports"]) == {"path", "kinds", "keep"}

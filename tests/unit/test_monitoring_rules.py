@@ -19,8 +19,8 @@ from tests.lib.playbook import REPO
 from tests.lib.prometheus_tools import promtool
 from tests.lib.roles import action_plugin, filter_plugin, role_defaults
 
-FILTER = filter_plugin("sglang_monitoring")
-REPORTS = action_plugin("sglang_monitoring", "sglang_monitoring_reports")
+FILTER = filter_plugin("monitoring")
+REPORTS = action_plugin("monitoring", "monitoring_reports")
 NODES = ["spark-0", "spark-1"]
 HOSTVARS = {"spark-0": {"ansible_host": "10.0.0.10"}, "spark-1": {"ansible_host": "10.0.0.11"},
             "mon-0": {"ansible_host": "10.0.0.20"}}
@@ -29,8 +29,8 @@ SEVERITY = {"service": "sglang"}
 
 def ctx(tmp_path: Path, **changes) -> dict:
     """The role's context with its defaults (as vars/main.yml builds it), paths under tmp_path."""
-    defaults = role_defaults("sglang_monitoring")
-    out = {key[len("sglang_monitoring_"):]: value for key, value in defaults.items()}
+    defaults = role_defaults("monitoring")
+    out = {key[len("monitoring_"):]: value for key, value in defaults.items()}
     out.update(
         host="spark-0", monitoring=True, monitor="spark-0", monitor_host_setting="", monitor_group="spark_monitor",
         monitor_candidates=[], inventory_hosts=[*NODES, "mon-0"], head="spark-0", nodes=NODES,
@@ -164,7 +164,7 @@ def rule_cases(rules):
 
 
 def test_every_alert_rule_fires_on_its_fault_and_not_otherwise(tmp_path):
-    rules = FILTER.sglang_monitoring_rules(ctx(tmp_path, **RULES_CTX))["groups"][0]["rules"]
+    rules = FILTER.monitoring_rules(ctx(tmp_path, **RULES_CTX))["groups"][0]["rules"]
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, sort_keys=False))
     cases = rule_cases(rules)
     tested = {t["alertname"] for c in cases for t in c["alert_rule_test"] if t["exp_alerts"]}
@@ -178,7 +178,7 @@ def test_every_alert_rule_fires_on_its_fault_and_not_otherwise(tmp_path):
 
 def test_a_wrong_expectation_fails_the_rule_test(tmp_path):
     """The harness above can fail: the endpoint alert expected one minute too early is a failure."""
-    rules = FILTER.sglang_monitoring_rules(ctx(tmp_path, **RULES_CTX))["groups"][0]["rules"]
+    rules = FILTER.monitoring_rules(ctx(tmp_path, **RULES_CTX))["groups"][0]["rules"]
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, sort_keys=False))
     early = case(rules, "SglangEndpointDown", [series("up", HEAD_SGLANG, "1 1 0 0 0 0 0")], "3m",
                  fired=[(HEAD_SGLANG, "0")])
@@ -187,14 +187,20 @@ def test_a_wrong_expectation_fails_the_rule_test(tmp_path):
     assert promtool_run("test", "rules", "alerts_test.yml", cwd=tmp_path).returncode != 0
 
 
+ROLE_PREFIXES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+KNOWN_SETTINGS = {name for role in ROLE_PREFIXES for name in role_defaults(role)}
+
+
 def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_path):
-    rules = FILTER.sglang_monitoring_rules(ctx(tmp_path))["groups"][0]["rules"]
+    rules = FILTER.monitoring_rules(ctx(tmp_path))["groups"][0]["rules"]
     assert len(rules) == len({r["alert"] for r in rules}) == 10
     for rule in rules:
         runbook = rule["annotations"]["runbook"]
         playbooks = re.findall(r"(?:playbooks/)?[a-z_]+\.yml", runbook)
-        settings = re.findall(r"\b(?:sglang|spark)_[a-z_]+\b", runbook)
+        settings = re.findall(rf"\b(?:{'|'.join(ROLE_PREFIXES)})_[a-z_]+\b", runbook)
         assert playbooks or settings, rule["alert"]
+        for setting in settings:
+            assert setting in KNOWN_SETTINGS, f"{rule['alert']}: {setting} is no role's setting"
         for pb in playbooks:
             assert (REPO / pb).is_file(), f"{rule['alert']}: {pb} does not exist"
         assert rule["for"] and rule["labels"]["severity"] in ("critical", "warning")
@@ -207,7 +213,7 @@ def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_p
 def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     changes = {
         "defaults": {},
-        "tls-and-key": {"sglang_tls": True, "sglang_tls_ca": "/controller/ca.crt",
+        "tls-and-key": {"server_tls": True, "server_tls_ca": "/controller/ca.crt",
                         "alertmanagers": ["10.0.0.5:9093"], "allowed_clients": ["10.0.0.0/24"]},
         "monitor-outside-the-group": {"monitor": "mon-0"},
         "no-key": {"api_key_set": False},
@@ -215,8 +221,8 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     c = ctx(tmp_path, **changes)
     (tmp_path / "sglang_api_key").write_text("k" * 48)
     (tmp_path / "sglang-ca.crt").write_text("")
-    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.sglang_monitoring_rules(c), sort_keys=False, width=200))
-    config = FILTER.sglang_monitoring_prometheus_config(c, HOSTVARS)
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.monitoring_rules(c), sort_keys=False, width=200))
+    config = FILTER.monitoring_prometheus_config(c, HOSTVARS)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     assert promtool_run("check", "rules", str(tmp_path / "alerts.yml")).returncode == 0
     checked = promtool_run("check", "config", str(tmp_path / "prometheus.yml"))
@@ -243,8 +249,8 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
 def test_promtool_refuses_a_configuration_whose_key_file_is_missing(tmp_path):
     """What the template's validate relies on: the configuration is checked with the files it names."""
     c = ctx(tmp_path)
-    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.sglang_monitoring_rules(c), sort_keys=False))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(FILTER.sglang_monitoring_prometheus_config(c, HOSTVARS)))
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.monitoring_rules(c), sort_keys=False))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(FILTER.monitoring_prometheus_config(c, HOSTVARS)))
     assert promtool_run("check", "config", str(tmp_path / "prometheus.yml")).returncode != 0
 
 
@@ -252,41 +258,41 @@ def test_promtool_refuses_a_configuration_whose_key_file_is_missing(tmp_path):
 
 
 BAD = [
-    ("retention", {"retention_time": "15 days"}, "sglang_monitoring_retention_time = '15 days': not a Prometheus duration"),
-    ("retention-size", {"retention_size": "4 gigs"}, "sglang_monitoring_retention_size = '4 gigs': not a Prometheus size"),
+    ("retention", {"retention_time": "15 days"}, "monitoring_retention_time = '15 days': not a Prometheus duration"),
+    ("retention-size", {"retention_size": "4 gigs"}, "monitoring_retention_size = '4 gigs': not a Prometheus size"),
     ("unbounded", {"retention_time": "", "retention_size": ""}, "retention must be bounded"),
     ("monitor-not-in-inventory", {"monitor_host_setting": "spark-9"},
      "spark_monitor_host = 'spark-9': not a host of the inventory"),
     ("two-monitors", {"monitor_candidates": ["mon-0", "spark-1"]}, "spark_monitor = mon-0, spark-1: one Prometheus"),
     ("threshold-not-a-number", {"ttft_p99_seconds": "slow"},
-     "sglang_monitoring_ttft_p99_seconds = 'slow': not a number"),
+     "monitoring_ttft_p99_seconds = 'slow': not a number"),
     ("temperature-out-of-range", {"gpu_temperature_celsius": 400},
-     "sglang_monitoring_gpu_temperature_celsius = 400: out of range"),
-    ("alert-for-unknown", {"alert_for": {"endpoint_dwn": "1m"}}, "sglang_monitoring_alert_for['endpoint_dwn']: no such"),
+     "monitoring_gpu_temperature_celsius = 400: out of range"),
+    ("alert-for-unknown", {"alert_for": {"endpoint_dwn": "1m"}}, "monitoring_alert_for['endpoint_dwn']: no such"),
     ("alert-for-bad", {"alert_for": {"endpoint_down": "1 minute"}},
-     "sglang_monitoring_alert_for['endpoint_down'] = '1 minute': not a Prometheus duration"),
-    ("interval", {"scrape_interval": "fast"}, "sglang_monitoring_scrape_interval = 'fast'"),
-    ("port-clash", {"node_exporter_port": 30000}, "sglang_monitoring_node_exporter_port = 30000: sglang_server_port"),
-    ("clients", {"allowed_clients": ["10.0.0.1/24"]}, "sglang_monitoring_allowed_clients = ['10.0.0.1/24']"),
-    ("alertmanager", {"alertmanagers": ["am.example"]}, "sglang_monitoring_alertmanagers = ['am.example']"),
-    ("journal", {"journal_max_use": "lots"}, "sglang_monitoring_journal_max_use = 'lots': not a journald size"),
+     "monitoring_alert_for['endpoint_down'] = '1 minute': not a Prometheus duration"),
+    ("interval", {"scrape_interval": "fast"}, "monitoring_scrape_interval = 'fast'"),
+    ("port-clash", {"node_exporter_port": 30000}, "monitoring_node_exporter_port = 30000: server_port"),
+    ("clients", {"allowed_clients": ["10.0.0.1/24"]}, "monitoring_allowed_clients = ['10.0.0.1/24']"),
+    ("alertmanager", {"alertmanagers": ["am.example"]}, "monitoring_alertmanagers = ['am.example']"),
+    ("journal", {"journal_max_use": "lots"}, "monitoring_journal_max_use = 'lots': not a journald size"),
     ("grafana-url", {"grafana_url": "grafana.example"}, "spark_grafana_url = 'grafana.example': not an http(s) URL"),
     ("grafana-token-missing", {"grafana_url": "http://grafana.example:3000"},
-     "sglang_monitoring_grafana_token_file = "),
+     "monitoring_grafana_token_file = "),
 ]
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_settings_are_refused_with_variable_value_why_and_fix(tmp_path, changes, fragment):
-    errors = FILTER.sglang_monitoring_plan(ctx(tmp_path, **changes))["errors"]
+    errors = FILTER.monitoring_plan(ctx(tmp_path, **changes))["errors"]
     assert len(errors) >= 1, errors
     assert any(fragment in e and "Fix:" in e for e in errors), errors
 
 
 def test_defaults_pass_and_nothing_is_checked_while_monitoring_is_off(tmp_path):
-    assert FILTER.sglang_monitoring_plan(ctx(tmp_path)) == {"errors": [], "monitor": "spark-0"}
-    assert FILTER.sglang_monitoring_plan(ctx(tmp_path, monitoring="false", retention_time="x"))["errors"] == []
-    assert FILTER.sglang_monitoring_plan(ctx(tmp_path, monitoring="maybe"))["errors"][0].startswith(
+    assert FILTER.monitoring_plan(ctx(tmp_path)) == {"errors": [], "monitor": "spark-0"}
+    assert FILTER.monitoring_plan(ctx(tmp_path, monitoring="false", retention_time="x"))["errors"] == []
+    assert FILTER.monitoring_plan(ctx(tmp_path, monitoring="maybe"))["errors"][0].startswith(
         "spark_monitoring = 'maybe'")
 
 
@@ -294,11 +300,11 @@ def test_a_grafana_token_readable_by_others_is_refused(tmp_path):
     token = tmp_path / "grafana_token"
     token.write_text("glsa_x")
     token.chmod(0o644)
-    errors = FILTER.sglang_monitoring_plan(ctx(tmp_path, grafana_url="https://grafana.example"))["errors"]
-    assert errors == [f"sglang_monitoring_grafana_token_file = '{token}': mode 0644 lets other users read the token. "
+    errors = FILTER.monitoring_plan(ctx(tmp_path, grafana_url="https://grafana.example"))["errors"]
+    assert errors == [f"monitoring_grafana_token_file = '{token}': mode 0644 lets other users read the token. "
                       f"Fix: chmod 600 {token}."]
     token.chmod(0o600)
-    assert FILTER.sglang_monitoring_plan(ctx(tmp_path, grafana_url="https://grafana.example"))["errors"] == []
+    assert FILTER.monitoring_plan(ctx(tmp_path, grafana_url="https://grafana.example"))["errors"] == []
 
 
 # --- the reports directory -----------------------------------------------------------------------------

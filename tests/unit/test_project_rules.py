@@ -187,9 +187,9 @@ def test_group_vars_fallbacks_equal_the_owning_roles_defaults():
     wiring = load(REPO / "group_vars" / "all" / "spark.yml")
     found = 0
     for value in wiring.values():
-        pattern = r"\b((?:sglang_server|sglang_supervisor|checkpoint|fabric)_[a-z0-9_]*) \| default\(([^)]*)\)"
+        pattern = r"\b((?:server|supervisor|checkpoint|fabric)_[a-z0-9_]*) \| default\(([^)]*)\)"
         for name, literal in re.findall(pattern, str(value)):
-            owner = next(r for r in ("sglang_server", "sglang_supervisor", "checkpoint", "fabric") if name.startswith(r + "_"))
+            owner = next(r for r in ("server", "supervisor", "checkpoint", "fabric") if name.startswith(r + "_"))
             defaults = load(REPO / "roles" / owner / "defaults" / "main.yml")
             if name not in defaults:
                 # A fact the role publishes (fabric_socket_ifname): the fallback covers a run without that role.
@@ -209,9 +209,9 @@ def test_the_tp_group_is_stopped_and_started_in_one_place():
         for task in tasks_in(load(path)):
             module = task.get("ansible.builtin.systemd_service") or task.get("ansible.builtin.systemd")
             if isinstance(module, dict) and module.get("state") in ("started", "stopped", "restarted"):
-                if str(module.get("name")) in ("{{ spark_unit_name }}", "{{ sglang_server_unit_name }}"):
+                if str(module.get("name")) in ("{{ spark_unit_name }}", "{{ server_unit_name }}"):
                     offenders.append(f"{path.relative_to(REPO)}: {task.get('name')}")
-    allowed = {"roles/sglang_server/tasks/stop.yml", "roles/sglang_server/tasks/start.yml"}
+    allowed = {"roles/server/tasks/stop.yml", "roles/server/tasks/start.yml"}
     assert {o.split(":")[0] for o in offenders} <= allowed, offenders
 
 
@@ -275,3 +275,17 @@ def test_the_benchmarks_package_has_no_import_cycle():
 
     cycles = [" -> ".join(c) for c in (cycle_from(m, []) for m in sorted(graph)) if c]
     assert not cycles, "benchmark modules import each other: " + "; ".join(cycles)
+
+
+def test_no_content_uses_a_name_from_before_the_engine_neutral_rename():
+    # The old names (sglang_server_port, ...) live on only in the site role's filter that maps an inventory's
+    # settings to the new ones (roles/spark/filter_plugins/spark.py) and in the tests of that mapping.
+    old = re.compile(r"\b_{0,2}sglang_(server|supervisor|verify|doctor|benchmark|tune|monitoring|firewall)_[a-z]")
+    places = [*REPO.glob("roles/**/*"), *REPO.glob("playbooks/**/*"), *REPO.glob("group_vars/**/*"),
+              *REPO.glob("inventory/**/*"), *REPO.glob("tests/inventory/**/*"), REPO / "site.yml",
+              *REPO.glob("molecule/**/*.yml")]
+    mapping = REPO / "roles" / "spark" / "filter_plugins" / "spark.py"
+    found = [f"{path.relative_to(REPO)}:{number}" for path in places if path.is_file() and path != mapping
+             and path.suffix in (".yml", ".yaml", ".j2", ".py", ".json", "")
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if old.search(line)]
+    assert not found, "names from before the rename: " + ", ".join(found)

@@ -19,7 +19,7 @@ PEM_KEY = "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n"
 
 
 def plan(**changes):
-    return FILTER.sglang_server_plan(ctx(**changes), MODEL)
+    return FILTER.server_plan(ctx(**changes), MODEL)
 
 
 def only_error(**changes):
@@ -34,9 +34,9 @@ def flag(result, name):
 
 
 def test_secure_defaults():
-    assert DEFAULTS["sglang_server_api_key"] == ""
-    assert DEFAULTS["sglang_server_allow_unauthenticated"] is False
-    assert DEFAULTS["sglang_server_tls"] is False
+    assert DEFAULTS["server_api_key"] == ""
+    assert DEFAULTS["server_allow_unauthenticated"] is False
+    assert DEFAULTS["server_tls"] is False
     result = plan()
     assert result["errors"] == []
     assert (flag(result, "--host"), flag(result, "--port")) == ("0.0.0.0", "30000")  # noqa: S104 - compared
@@ -44,28 +44,28 @@ def test_secure_defaults():
 
 @pytest.mark.parametrize("key", ["short-key", "x" * 31])
 def test_a_short_key_is_refused_with_its_length_never_its_value(key):
-    message = only_error(sglang_server_api_key=key)
-    assert message.startswith(f"sglang_server_api_key = <redacted, {len(key)} characters>: shorter than 32")
-    assert key not in message and key not in repr(plan(sglang_server_api_key=key))
+    message = only_error(server_api_key=key)
+    assert message.startswith(f"server_api_key = <redacted, {len(key)} characters>: shorter than 32")
+    assert key not in message and key not in repr(plan(server_api_key=key))
     assert "leave it empty" in message and "openssl rand" in message
 
 
 def test_a_key_of_32_characters_passes_and_stays_out_of_the_plan():
-    result = plan(sglang_server_api_key=KEY)
+    result = plan(server_api_key=KEY)
     assert result["errors"] == [] and KEY not in repr(result)
 
 
 def test_a_key_with_whitespace_is_refused():
-    message = only_error(sglang_server_api_key="a" * 20 + " " + "b" * 20)
+    message = only_error(server_api_key="a" * 20 + " " + "b" * 20)
     assert "<redacted, 41 characters>" in message and "whitespace" in message
 
 
 def test_allow_unauthenticated_with_a_key_set_is_fine():
-    assert plan(sglang_server_api_key=KEY, sglang_server_allow_unauthenticated=True)["errors"] == []
-    assert plan(sglang_server_allow_unauthenticated=True)["errors"] == []
+    assert plan(server_api_key=KEY, server_allow_unauthenticated=True)["errors"] == []
+    assert plan(server_allow_unauthenticated=True)["errors"] == []
 
 
-@pytest.mark.parametrize("var", ["sglang_server_allow_unauthenticated", "sglang_server_tls"])
+@pytest.mark.parametrize("var", ["server_allow_unauthenticated", "server_tls"])
 def test_switches_take_booleans_and_what_ansibles_bool_filter_takes(var):
     assert plan(**{var: "true"})["errors"] == []
     message = only_error(**{var: "maybe"})
@@ -73,30 +73,30 @@ def test_switches_take_booleans_and_what_ansibles_bool_filter_takes(var):
 
 
 def test_tls_moves_sglang_behind_the_proxy_on_the_loopback():
-    result = plan(sglang_server_tls=True)
+    result = plan(server_tls=True)
     assert result["errors"] == []
     assert (flag(result, "--host"), flag(result, "--port")) == ("127.0.0.1", "30001")
-    assert (flag(plan(sglang_server_tls="true", sglang_server_tls_backend_port=31000), "--port")) == "31000"
+    assert (flag(plan(server_tls="true", server_tls_backend_port=31000), "--port")) == "31000"
 
 
-@pytest.mark.parametrize(("port", "clash"), [(30000, "sglang_server_port"), (20000, "sglang_server_dist_init_port")])
+@pytest.mark.parametrize(("port", "clash"), [(30000, "server_port"), (20000, "server_dist_init_port")])
 def test_the_backend_port_may_not_be_one_the_head_listens_on(port, clash):
-    message = only_error(sglang_server_tls=True, sglang_server_tls_backend_port=port)
-    assert message.startswith(f"sglang_server_tls_backend_port = {port}: equals {clash}")
+    message = only_error(server_tls=True, server_tls_backend_port=port)
+    assert message.startswith(f"server_tls_backend_port = {port}: equals {clash}")
 
 
 def test_a_certificate_without_its_key_is_refused(tmp_path):
     cert = tmp_path / "server.crt"
     cert.write_text(PEM_CERT)
-    message = only_error(sglang_server_tls=True, sglang_server_tls_cert=str(cert))
-    assert message.startswith("sglang_server_tls_key = '': sglang_server_tls_cert is set") and "as a pair" in message
+    message = only_error(server_tls=True, server_tls_cert=str(cert))
+    assert message.startswith("server_tls_key = '': server_tls_cert is set") and "as a pair" in message
 
 
 def test_a_given_pair_that_is_there_and_readable_passes(tmp_path):
     (tmp_path / "s.crt").write_text(PEM_CERT)
     (tmp_path / "s.key").write_text(PEM_KEY)
-    assert plan(sglang_server_tls=True, sglang_server_tls_cert=str(tmp_path / "s.crt"),
-                sglang_server_tls_key=str(tmp_path / "s.key"), sglang_server_tls_ca=str(tmp_path / "s.crt"))["errors"] == []
+    assert plan(server_tls=True, server_tls_cert=str(tmp_path / "s.crt"),
+                server_tls_key=str(tmp_path / "s.key"), server_tls_ca=str(tmp_path / "s.crt"))["errors"] == []
 
 
 @pytest.mark.parametrize(("case", "fragment"), [
@@ -109,20 +109,20 @@ def test_a_missing_or_unreadable_key_file_is_refused(tmp_path, case, fragment):
     (tmp_path / "s.crt").write_text(PEM_CERT)
     key = {"missing": str(tmp_path / "nope.key"), "directory": str(tmp_path), "relative": "tls/s.key",
            "not-pem": str(tmp_path / "s.crt")}[case]
-    message = only_error(sglang_server_tls=True, sglang_server_tls_cert=str(tmp_path / "s.crt"), sglang_server_tls_key=key)
-    assert message.startswith(f"sglang_server_tls_key = {key!r}: {fragment}"), message
+    message = only_error(server_tls=True, server_tls_cert=str(tmp_path / "s.crt"), server_tls_key=key)
+    assert message.startswith(f"server_tls_key = {key!r}: {fragment}"), message
     assert "Fix: give the absolute controller path of a readable PEM key file" in message
 
 
 def test_tls_files_are_not_read_while_tls_is_off(tmp_path):
-    assert plan(sglang_server_tls_cert=str(tmp_path / "nope.crt"), sglang_server_tls_key="relative")["errors"] == []
+    assert plan(server_tls_cert=str(tmp_path / "nope.crt"), server_tls_key="relative")["errors"] == []
 
 
 def test_subject_alt_names_are_dns_or_ip_entries():
-    assert plan(sglang_server_tls=True, sglang_server_tls_subject_alt_names=["DNS:llm.example.org", "IP:10.0.0.9"])[
+    assert plan(server_tls=True, server_tls_subject_alt_names=["DNS:llm.example.org", "IP:10.0.0.9"])[
         "errors"] == []
-    message = only_error(sglang_server_tls=True, sglang_server_tls_subject_alt_names=["llm.example.org"])
-    assert message.startswith("sglang_server_tls_subject_alt_names = ['llm.example.org']: must be a list of DNS:")
+    message = only_error(server_tls=True, server_tls_subject_alt_names=["llm.example.org"])
+    assert message.startswith("server_tls_subject_alt_names = ['llm.example.org']: must be a list of DNS:")
 
 
 @pytest.mark.parametrize("credentials_dir", ["", "/srv/secrets"])
@@ -130,21 +130,21 @@ def test_subject_alt_names_are_dns_or_ip_entries():
 def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credentials_dir, tls_cert):
     """group_vars/all wires verify (and through it doctor and the benchmark) to the server role's files."""
     wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
-    values = {"inventory_dir": "/sites/mine", "sglang_server_credentials_dir": credentials_dir,
-              "sglang_server_tls": True, "sglang_server_tls_cert": tls_cert, "sglang_server_tls_ca": "/etc/pki/ca.crt"}
+    values = {"inventory_dir": "/sites/mine", "server_credentials_dir": credentials_dir,
+              "server_tls": True, "server_tls_cert": tls_cert, "server_tls_ca": "/etc/pki/ca.crt"}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)  # noqa: S701 - Ansible values, not HTML
     env.filters["bool"] = bool
 
     def render(text, **extra):
         return env.from_string(text).render(**values, **extra).strip()
 
-    server_dir = render(VARS["__sglang_server_credentials_dir"])
-    server_key_file = render(VARS["__sglang_server_api_key_file"], __sglang_server_credentials_dir=server_dir)
-    generated = render(VARS["__sglang_server_tls_generated"]) == "True"
-    server_ca = render(VARS["__sglang_server_tls_ca_file"], __sglang_server_credentials_dir=server_dir,
-                       __sglang_server_tls_generated=generated)
-    assert render(wiring["sglang_verify_api_key_file"]) == server_key_file
-    assert render(wiring["sglang_verify_tls_ca"]) == server_ca
+    server_dir = render(VARS["__server_credentials_dir"])
+    server_key_file = render(VARS["__server_api_key_file"], __server_credentials_dir=server_dir)
+    generated = render(VARS["__server_tls_generated"]) == "True"
+    server_ca = render(VARS["__server_tls_ca_file"], __server_credentials_dir=server_dir,
+                       __server_tls_generated=generated)
+    assert render(wiring["verify_api_key_file"]) == server_key_file
+    assert render(wiring["verify_tls_ca"]) == server_ca
     assert server_key_file == f"{credentials_dir or '/sites/mine/.credentials'}/sglang_api_key"
     assert server_ca == ("/etc/pki/ca.crt" if tls_cert else f"{credentials_dir or '/sites/mine/.credentials'}/sglang-ca.crt")
 
@@ -159,12 +159,12 @@ def test_the_supervisor_probes_sglang_itself_behind_the_proxy(tls, host, expecte
     wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined)  # noqa: S701 - Ansible values, not HTML
     env.filters["bool"] = bool
-    endpoint = env.from_string(wiring["sglang_supervisor_endpoint"]).render(
-        sglang_server_tls=tls, sglang_server_host=host, sglang_server_port=30000, sglang_server_tls_backend_port=30001)
+    endpoint = env.from_string(wiring["supervisor_endpoint"]).render(
+        server_tls=tls, server_host=host, server_port=30000, server_tls_backend_port=30001)
     assert endpoint.replace("\n", "").replace(" ", "") == expected
 
 
 def test_a_relative_credentials_directory_is_refused():
-    assert plan(sglang_server_credentials_dir="/srv/spark-credentials")["errors"] == []
-    message = only_error(sglang_server_credentials_dir="secrets")
-    assert message.startswith("sglang_server_credentials_dir = 'secrets': ") and "absolute controller path" in message
+    assert plan(server_credentials_dir="/srv/spark-credentials")["errors"] == []
+    message = only_error(server_credentials_dir="secrets")
+    assert message.startswith("server_credentials_dir = 'secrets': ") and "absolute controller path" in message

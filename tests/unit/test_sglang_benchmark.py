@@ -15,9 +15,9 @@ from tests.lib.role_module import module_utils
 from tests.lib.roles import filter_plugin
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
-CLIENT = module_utils("sglang_benchmark", "sglang_benchmark_client")
-BENCH = filter_plugin("sglang_benchmark")
-TUNE = filter_plugin("sglang_tune")
+CLIENT = module_utils("benchmark", "benchmark_client")
+BENCH = filter_plugin("benchmark")
+TUNE = filter_plugin("tune")
 HYBRID = ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
           "max_mamba_cache_size=1, mamba_ratio=5, resulting max_num_reqs=0.")
 
@@ -107,7 +107,7 @@ SETTINGS = {"endpoint": "", "concurrency": "auto", "prompts": ["short", "medium"
     ("2", "must be auto or a list"),
 ])
 def test_bad_concurrency_is_refused_with_the_fix(value, why):
-    problems = BENCH.sglang_benchmark_problems({**SETTINGS, "concurrency": value})
+    problems = BENCH.benchmark_problems({**SETTINGS, "concurrency": value})
     assert len(problems) == 1 and why in problems[0] and "Fix:" in problems[0], problems
 
 
@@ -119,13 +119,13 @@ def test_a_compare_file_must_be_a_benchmark_report(tmp_path):
     (tmp_path / "text.json").write_text("not json")
     for path, why in ((verify, "is not a benchmark report (kind 'sglang-verify'"), (tmp_path / "text.json", "is not JSON"),
                       (tmp_path / "missing.json", "cannot be read")):
-        problems = BENCH.sglang_benchmark_problems({**SETTINGS, "compare": str(path)})
+        problems = BENCH.benchmark_problems({**SETTINGS, "compare": str(path)})
         assert len(problems) == 1 and why in problems[0] and "benchmark_compare" in problems[0], problems
-    assert BENCH.sglang_benchmark_problems({**SETTINGS, "compare": str(good)}) == []
+    assert BENCH.benchmark_problems({**SETTINGS, "compare": str(good)}) == []
 
 
 def test_every_problem_is_reported_at_once():
-    problems = BENCH.sglang_benchmark_problems({**SETTINGS, "concurrency": [], "prompts": ["huge"], "max_tokens": 0,
+    problems = BENCH.benchmark_problems({**SETTINGS, "concurrency": [], "prompts": ["huge"], "max_tokens": 0,
                                                 "endpoint": "http://user:pw@spark-0:30000"})
     assert len(problems) == 4
     assert "pw" not in " ".join(problems)
@@ -145,7 +145,7 @@ def slurped(args):
 
 def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
     args = ["--model-path", "/models/glm53", "--context-length", "131072", "--max-running-requests", "4", "--trust-remote-code"]
-    plan = BENCH.sglang_benchmark_cells({**SETTINGS, "max_requests": 40}, slurped(args))
+    plan = BENCH.benchmark_cells({**SETTINGS, "max_requests": 40}, slurped(args))
     assert plan["problems"] == [] and plan["context_length"] == 131072 and plan["levels"] == [1, 2, 4, 5]
     long = [c for c in plan["cells"] if c["prompt"] == "long"]
     assert long[0]["prompt_tokens"] == 131072 // 2 - 256
@@ -155,10 +155,10 @@ def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
 
 
 def test_an_unknown_server_or_a_prompt_that_does_not_fit_is_refused():
-    plan = BENCH.sglang_benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/sglang/x"})
+    plan = BENCH.benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/sglang/x"})
     assert "could not be read (file not found)" in plan["problems"][0]
-    plan = BENCH.sglang_benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None)
-    assert any("sglang_benchmark_medium_tokens" in p for p in plan["problems"]), plan["problems"]
+    plan = BENCH.benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None)
+    assert any("benchmark_medium_tokens" in p for p in plan["problems"]), plan["problems"]
 
 
 # ---- the tune's search --------------------------------------------------------------------------
@@ -168,9 +168,9 @@ def search(budget, contexts, known=(), cap=64):
     trials = [dict(t) for t in known]
     asked = []
     while True:
-        nxt = TUNE.sglang_tune_next(trials, contexts, cap)
+        nxt = TUNE.tune_next(trials, contexts, cap)
         if nxt["done"]:
-            return TUNE.sglang_tune_frontier(trials, contexts, cap), asked
+            return TUNE.tune_frontier(trials, contexts, cap), asked
         fits = nxt["context"] * nxt["requests"] <= budget
         asked.append((nxt["context"], nxt["requests"]))
         trials.append({"context": nxt["context"], "requests": nxt["requests"], "fits": fits})
@@ -206,22 +206,22 @@ def test_results_name_one_profile_per_startable_point():
     trials = [{"context": 65536, "requests": 4, "fits": True, "seconds": 12.5}, {"context": 65536, "requests": 5,
                                                                                   "fits": False},
               {"context": 131072, "requests": 1, "fits": False}]
-    rows = TUNE.sglang_tune_results(trials, [65536, 131072], 64)
+    rows = TUNE.tune_results(trials, [65536, 131072], 64)
     assert [(r["context"], r["max_requests"], r["profile"]) for r in rows] == [(65536, 4, "ctx65536-req4"),
                                                                                (131072, 0, None)]
-    profiles = TUNE.sglang_tune_profiles(rows, {"mine": {"context-length": 32768}})
+    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}})
     assert profiles == {"mine": {"context-length": 32768},
                         "ctx65536-req4": {"context-length": 65536, "max-running-requests": 4}}
-    assert "not startable" in "\n".join(TUNE.sglang_tune_table(rows, False))
+    assert "not startable" in "\n".join(TUNE.tune_table(rows, False))
 
 
 def test_a_failure_counts_against_the_candidate_only_for_capacity_or_verify():
     journal = {"results": [{"stdout": f"[2026] TP0 Load weight end.\n{HYBRID}\n"}, {"stdout": "ok"}]}
-    out = TUNE.sglang_tune_failure(journal, "Fail with a summary", "SGLang did not come up")
+    out = TUNE.tune_failure(journal, "Fail with a summary", "SGLang did not come up")
     assert out["capacity"] and "hybrid" in out["reason"]
-    out = TUNE.sglang_tune_failure({"results": []}, "Fail when a check failed", "Verification of http://x failed: reasoning")
+    out = TUNE.tune_failure({"results": []}, "Fail when a check failed", "Verification of http://x failed: reasoning")
     assert out["capacity"] and "verify" in out["reason"]
-    out = TUNE.sglang_tune_failure({"results": [{"stdout": "torch.distributed.DistNetworkError: timed out"}]},
+    out = TUNE.tune_failure({"results": [{"stdout": "torch.distributed.DistNetworkError: timed out"}]},
                                    "Fail with a summary", "SGLang did not come up")
     assert not out["capacity"] and "DistNetworkError" in out["reason"]
 
@@ -233,15 +233,15 @@ def test_a_failure_counts_against_the_candidate_only_for_capacity_or_verify():
     ([512], "below context-length's minimum"),
 ])
 def test_bad_contexts_are_refused(contexts, why):
-    problems = TUNE.sglang_tune_problems({"contexts": contexts, "max_requests": 64, "apply": ""}, MODEL)
+    problems = TUNE.tune_problems({"contexts": contexts, "max_requests": 64, "apply": ""}, MODEL)
     assert len(problems) == 1 and why in problems[0] and "Fix:" in problems[0], problems
 
 
 def test_the_tune_varies_two_flags_on_top_of_the_inventorys_others():
     profiles = {"big": {"context-length": 131072, "max-running-requests": 2, "mem-fraction-static": 0.8}}
-    assert TUNE.sglang_tune_base("big", profiles, {"log-level": "info"}) == {"mem-fraction-static": 0.8, "log-level": "info"}
-    assert TUNE.sglang_tune_effective("big", profiles, {}, MODEL) == [131072, 2]
-    assert TUNE.sglang_tune_effective("default", profiles, {"max-running-requests": 3}, MODEL) == [65536, 3]
+    assert TUNE.tune_base("big", profiles, {"log-level": "info"}) == {"mem-fraction-static": 0.8, "log-level": "info"}
+    assert TUNE.tune_effective("big", profiles, {}, MODEL) == [131072, 2]
+    assert TUNE.tune_effective("default", profiles, {"max-running-requests": 3}, MODEL) == [65536, 3]
 
 
 # ---- profiles in the server's plan --------------------------------------------------------------
@@ -253,22 +253,22 @@ def flags_of(plan):
 
 def test_a_profile_sets_its_flags_through_the_same_guard_rails():
     profiles = {"ctx131072-req2": {"context-length": 131072, "max-running-requests": 2}}
-    plan = FILTER.sglang_server_plan(ctx(sglang_server_profiles=profiles, sglang_server_profile="ctx131072-req2"), MODEL)
+    plan = FILTER.server_plan(ctx(server_profiles=profiles, server_profile="ctx131072-req2"), MODEL)
     assert plan["errors"] == []
     assert flags_of(plan)["context-length"] == "131072" and flags_of(plan)["max-running-requests"] == "2"
-    seed = FILTER.sglang_server_plan(ctx(sglang_server_profiles=profiles), MODEL)
+    seed = FILTER.server_plan(ctx(server_profiles=profiles), MODEL)
     assert flags_of(seed)["context-length"] == "65536" and flags_of(seed)["max-running-requests"] == "2"
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
-    ({"sglang_server_profile": "nope"}, "sglang_server_profile = 'nope': no such profile. Fix: choose one of default, bad, p"),
-    ({"sglang_server_profile": "p", "sglang_server_flag_overrides": {"context-length": 32768}},
+    ({"server_profile": "nope"}, "server_profile = 'nope': no such profile. Fix: choose one of default, bad, p"),
+    ({"server_profile": "p", "server_flag_overrides": {"context-length": 32768}},
      "two values for one flag"),
-    ({"sglang_server_profile": "bad"},
-     "sglang_server_profiles['bad']['context-length'] = 4194304: --context-length must be between"),
-    ({"sglang_server_profiles": {"default": {}}}, "`default` is the built-in profile"),
+    ({"server_profile": "bad"},
+     "server_profiles['bad']['context-length'] = 4194304: --context-length must be between"),
+    ({"server_profiles": {"default": {}}}, "`default` is the built-in profile"),
 ])
 def test_profile_mistakes_are_refused_naming_the_profile(changes, expected):
     profiles = {"p": {"context-length": 131072}, "bad": {"context-length": 4194304}}
-    plan = FILTER.sglang_server_plan(ctx(**{"sglang_server_profiles": profiles, **changes}), MODEL)
+    plan = FILTER.server_plan(ctx(**{"server_profiles": profiles, **changes}), MODEL)
     assert any(expected in e for e in plan["errors"]), plan["errors"]

@@ -29,7 +29,7 @@ from tests.lib.role_module import module_utils, run_role_module
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT = REPO / "roles" / "checkpoint"
-SERVER = REPO / "roles" / "sglang_server"
+SERVER = REPO / "roles" / "server"
 REVISION = "7ce4007804ddbb1b33185febc1669f76f90fb53e"
 MODEL_DIR = "/opt/models/glm53"
 EXPECTED = {
@@ -163,7 +163,7 @@ def test_a_stamp_of_another_directory_is_refused():
     rec = record()
     found = problems(slurped(stamp_for(rec, model_dir="/srv/other")), slurped(rec), EXPECTED)
     assert found == [
-        "the stamp /opt/models/glm53.verified vouches for '/srv/other', not for sglang_server_model_dir = "
+        "the stamp /opt/models/glm53.verified vouches for '/srv/other', not for server_model_dir = "
         "'/opt/models/glm53'"
     ]
 
@@ -180,7 +180,7 @@ def test_a_record_of_another_repository_is_refused():
 def test_without_a_pinned_revision_nothing_can_vouch(revision):
     rec = record()
     found = problems(slurped(stamp_for(rec)), slurped(rec), dict(EXPECTED, revision=revision))
-    assert any("sglang_server_checkpoint_revision" in p and "not a pinned 40-hex commit" in p for p in found)
+    assert any("server_checkpoint_revision" in p and "not a pinned 40-hex commit" in p for p in found)
 
 
 def test_every_problem_is_reported_at_once():
@@ -194,12 +194,12 @@ def test_the_server_asks_the_checkpoint_role_and_names_its_own_variables():
     includes = _server_stamp_includes()
     assert sorted(t["file"] for t in includes) == ["checkpoint.yml", "outside.yml"]
     for task in includes:
-        assert task["vars"]["checkpoint_stamp_model_dir"] == "{{ sglang_server_model_dir }}"
-        assert task["vars"]["checkpoint_stamp_revision"] == "{{ sglang_server_checkpoint_revision }}"
+        assert task["vars"]["checkpoint_stamp_model_dir"] == "{{ server_model_dir }}"
+        assert task["vars"]["checkpoint_stamp_revision"] == "{{ server_checkpoint_revision }}"
     outside = next(t for t in includes if t["file"] == "outside.yml")
-    assert outside["vars"]["checkpoint_stamp_hosts"] == "{{ __sglang_server_outside }}"
-    assert _server_names() == {"model_dir_variable": "sglang_server_model_dir",
-                               "revision_variable": "sglang_server_checkpoint_revision"}
+    assert outside["vars"]["checkpoint_stamp_hosts"] == "{{ __server_outside }}"
+    assert _server_names() == {"model_dir_variable": "server_model_dir",
+                               "revision_variable": "server_checkpoint_revision"}
 
 
 def test_the_stamp_digest_is_written_once():
@@ -310,7 +310,7 @@ def test_the_module_reports_what_the_server_prints(tmp_path):
     stamp_path.write_text(json.dumps(stamp_for(json.loads(rec_path.read_text()), model_dir=str(model), mode="fast")))
     res = stamp_module(model, tmp_path, revision="main")
     assert res["problems"] == [
-        "sglang_server_checkpoint_revision = 'main' is not a pinned 40-hex commit, so no stamp can be matched "
+        "server_checkpoint_revision = 'main' is not a pinned 40-hex commit, so no stamp can be matched "
         "against it (set checkpoint_revision in the inventory)",
         f"the stamp {stamp_path} records a 'fast' check, not a deep one",
         f"the stamp {stamp_path} is for revision '{REVISION}', the pinned revision is 'main'",

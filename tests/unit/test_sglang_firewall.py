@@ -1,7 +1,7 @@
-"""The sglang_firewall role's plan filter and probe: who may connect, and what would cut the controller off.
+"""The firewall role's plan filter and probe: who may connect, and what would cut the controller off.
 
 The rules are data that the template prints and the checks evaluate, so the packets run through
-`sglang_firewall_verdict` here are the ones the nftables table on a node decides the same way
+`firewall_verdict` here are the ones the nftables table on a node decides the same way
 (tests/integration/test_firewall.py proves it there).
 """
 
@@ -19,12 +19,12 @@ import pytest
 from tests.lib.role_module import REPO, run_role_module
 from tests.lib.roles import filter_plugin, role_defaults
 
-fw = filter_plugin("sglang_firewall")
+fw = filter_plugin("firewall")
 
 HEAD, WORKER = "spark-0", "spark-1"
 CONTROLLER = "10.0.0.1"
-NAMES = {"allowed_clients": "sglang_server_allowed_clients", "http_port": "sglang_server_port",
-         "dist_ports": "sglang_server_dist_init_port"}
+NAMES = {"allowed_clients": "server_allowed_clients", "http_port": "server_port",
+         "dist_ports": "server_dist_init_port"}
 
 
 def route(src, gateway=None):
@@ -56,19 +56,19 @@ def context(host=HEAD, **changes):
 
 
 def plan(**changes):
-    return fw.sglang_firewall_plan(context(**changes))
+    return fw.firewall_plan(context(**changes))
 
 
 def verdict(p, saddr, daddr, dport, iif="enP7s7"):
-    return fw.sglang_firewall_verdict(p, {"saddr": saddr, "daddr": daddr, "dport": dport, "iif": iif})[0]
+    return fw.firewall_verdict(p, {"saddr": saddr, "daddr": daddr, "dport": dport, "iif": iif})[0]
 
 
 def test_defaults_match_the_wiring_fallbacks():
-    defaults = role_defaults("sglang_firewall")
-    server = role_defaults("sglang_server")
-    assert defaults["sglang_firewall_allowed_clients"] == server["sglang_server_allowed_clients"] == []
-    assert defaults["sglang_firewall_http_port"] == server["sglang_server_port"]
-    assert defaults["sglang_firewall_dist_ports"] == [server["sglang_server_dist_init_port"]]
+    defaults = role_defaults("firewall")
+    server = role_defaults("server")
+    assert defaults["firewall_allowed_clients"] == server["server_allowed_clients"] == []
+    assert defaults["firewall_http_port"] == server["server_port"]
+    assert defaults["firewall_dist_ports"] == [server["server_dist_init_port"]]
 
 
 def test_the_default_range_is_the_heads_management_subnet_read_on_the_head():
@@ -93,13 +93,13 @@ def test_a_head_without_its_management_address_on_an_interface_is_refused():
 
 
 @pytest.mark.parametrize(("value", "fragment"), [
-    (["10.0.0.0/33"], "sglang_server_allowed_clients[0] = '10.0.0.0/33': does not parse as an IPv4 or IPv6 network"),
-    (["not-a-cidr"], "sglang_server_allowed_clients[0] = 'not-a-cidr': does not parse"),
+    (["10.0.0.0/33"], "server_allowed_clients[0] = '10.0.0.0/33': does not parse as an IPv4 or IPv6 network"),
+    (["not-a-cidr"], "server_allowed_clients[0] = 'not-a-cidr': does not parse"),
     (["10.0.0.7/24"], "has host bits set, so it does not say whether the subnet or the one host is meant. "
                       "Fix: '10.0.0.0/24' for the subnet, or '10.0.0.7/32' for that host alone."),
     (["fe80::1%eth0"], "(no interface zone)"),
-    ([5], "sglang_server_allowed_clients[0] = 5: not a network"),
-    ("10.0.0.0/24", "sglang_server_allowed_clients = '10.0.0.0/24': must be a list"),
+    ([5], "server_allowed_clients[0] = 5: not a network"),
+    ("10.0.0.0/24", "server_allowed_clients = '10.0.0.0/24': must be a list"),
     ({"a": 1}, "must be a list of networks"),
 ])
 def test_unusable_client_ranges_are_refused(value, fragment):
@@ -118,16 +118,16 @@ def test_a_range_that_excludes_the_controller_is_refused_with_the_fix():
     errors = plan(allowed_clients=["10.0.0.128/25"],
                   routes={"10.0.0.10": route("192.168.5.7", gateway="10.0.0.254")})["errors"]
     assert len(errors) == 1, errors
-    assert errors[0].startswith("sglang_server_allowed_clients = ['10.0.0.128/25']: excludes the controller "
+    assert errors[0].startswith("server_allowed_clients = ['10.0.0.128/25']: excludes the controller "
                                 "(192.168.5.7: the source address of the controller's route to spark-0 (10.0.0.10) "
                                 "via the gateway 10.0.0.254)")
-    assert "Fix: add the controller, e.g. sglang_server_allowed_clients: ['10.0.0.128/25', '192.168.5.7/32'], or " \
-           "verify from the head itself (sglang_verify_run_on: head)." in errors[0]
+    assert "Fix: add the controller, e.g. server_allowed_clients: ['10.0.0.128/25', '192.168.5.7/32'], or " \
+           "verify from the head itself (verify_run_on: head)." in errors[0]
 
 
 def test_the_default_range_excluding_the_controller_is_refused_on_the_head():
     errors = plan(probe=probe(ssh="192.168.5.7 50000 10.0.0.10 22"))["errors"]
-    assert any("sglang_server_allowed_clients = [] (the default: the head's management subnet 10.0.0.0/24" in e
+    assert any("server_allowed_clients = [] (the default: the head's management subnet 10.0.0.0/24" in e
                and "192.168.5.7: the address the node sees the controller's SSH session come from" in e
                and "['10.0.0.0/24', '192.168.5.7/32']" in e for e in errors), errors
 
@@ -153,8 +153,8 @@ def test_a_local_controller_is_the_node_itself():
 @pytest.mark.parametrize(("changes", "fragment"), [
     ({"dist_ports": [22]}, "ansible_port = 22: the controller's SSH to spark-0 (10.0.0.10 port 22, from 10.0.0.1: "
                            "the source address of the controller's route to spark-0 (10.0.0.10)) would be dropped by "
-                           "the firewall, cutting this run off the node: sglang_server_dist_init_port = 22 (the TCPStore"),
-    ({"dist_ports": [2222], "ssh_port": 2222}, "Fix: choose a sglang_server_dist_init_port other than the SSH port 2222."),
+                           "the firewall, cutting this run off the node: server_dist_init_port = 22 (the TCPStore"),
+    ({"dist_ports": [2222], "ssh_port": 2222}, "Fix: choose a server_dist_init_port other than the SSH port 2222."),
     ({"ssh_port": 40022}, "Fix: run sshd on a port outside the node's ephemeral range (net.ipv4.ip_local_port_range), "
                           "not 40022."),
     ({"http_port": 22, "allowed_clients": ["10.0.0.128/25"], "must_reach": False},
@@ -230,19 +230,19 @@ def test_other_settings_are_checked_too():
     errors = plan(http_port="abc", dist_ports=["x"], fabric_interface="bad name!", must_reach="yes",
                   fabric_ips={HEAD: "", WORKER: "192.168.100.11"})["errors"]
     text = "\n".join(errors)
-    for fragment in ("sglang_server_port = 'abc'", "sglang_server_dist_init_port = ['x']", "= 'bad name!'",
-                     "sglang_firewall_controller_must_reach = 'yes'", "hostvars['spark-0'].spark_fabric_ip = ''"):
+    for fragment in ("server_port = 'abc'", "server_dist_init_port = ['x']", "= 'bad name!'",
+                     "firewall_controller_must_reach = 'yes'", "hostvars['spark-0'].spark_fabric_ip = ''"):
         assert fragment in text, text
 
 
 def test_route_commands_take_addresses_only():
-    assert fw.sglang_firewall_route_commands(["10.0.0.10", "spark-0.lan", "10.0.0.10 ; rm -rf /", "fd00::0001"]) == {
+    assert fw.firewall_route_commands(["10.0.0.10", "spark-0.lan", "10.0.0.10 ; rm -rf /", "fd00::0001"]) == {
         "10.0.0.10": "ip -j route get 10.0.0.10 2>/dev/null || echo '[]'",
         "fd00::1": "ip -j route get fd00::1 2>/dev/null || echo '[]'",
     }
 
 
-PROBE = REPO / "roles" / "sglang_firewall" / "library" / "sglang_firewall_probe.py"
+PROBE = REPO / "roles" / "firewall" / "library" / "firewall_probe.py"
 
 
 def run_probe(tmp_path, shell_env: dict, module_env: dict) -> dict:
@@ -288,7 +288,7 @@ def node(**changes):
 
 
 def test_a_node_that_holds_and_runs_the_rules_has_nothing_to_install():
-    assert fw.sglang_firewall_drift(node(), WANT) == []
+    assert fw.firewall_drift(node(), WANT) == []
 
 
 @pytest.mark.parametrize(("changes", "found"), [
@@ -306,14 +306,14 @@ def test_a_node_that_holds_and_runs_the_rules_has_nothing_to_install():
     ({"units": {}}, "sglang-firewall.service not active (unknown)"),
 ])
 def test_any_difference_on_the_node_runs_the_installation(changes, found):
-    assert found in fw.sglang_firewall_drift(node(**changes), WANT)
+    assert found in fw.firewall_drift(node(**changes), WANT)
 
 
 def test_the_probe_reads_the_files_it_is_given(tmp_path):
     rules = tmp_path / "rules.nft"
     rules.write_text("table inet x {}\n")
     rules.chmod(0o640)
-    result = run_role_module("sglang_firewall", "sglang_firewall_probe",
+    result = run_role_module("firewall", "firewall_probe",
                              {"table": "inet sglang_probe_test", "paths": [str(rules), str(tmp_path / "gone")]}, tmp_path)
     assert result["changed"] is False
     seen = result["paths"][str(rules)]

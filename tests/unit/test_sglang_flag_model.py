@@ -1,4 +1,4 @@
-"""The sglang_server flag model: defaults, derived topology, every guard rail.
+"""The server flag model: defaults, derived topology, every guard rail.
 
 The expected seed flags are written out (tests/lib/seed.py) on purpose (and checked against
 the facts file when it is beside the checkout) instead of being read from the
@@ -18,7 +18,7 @@ from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
 
 def plan(**changes):
-    return FILTER.sglang_server_plan(ctx(**changes), MODEL)
+    return FILTER.server_plan(ctx(**changes), MODEL)
 
 
 def errors_for(**changes):
@@ -71,10 +71,10 @@ def test_arg_lines_are_the_args_grouped_per_flag():
 
 def test_tp_size_is_nodes_times_gpus_and_workers_keep_inventory_order():
     # Four nodes of two GPUs: --tp-size 8 divides the model's heads (three nodes would not).
-    c = ctx(host="w2", worker_group=["w1", "w2", "w3"], sglang_server_gpus_per_node=2)
+    c = ctx(host="w2", worker_group=["w1", "w2", "w3"], server_gpus_per_node=2)
     c["head_group"] = ["h"]
     c["fabric_ips"] = {"h": "10.9.0.1", "w1": "10.9.0.2", "w2": "10.9.0.3", "w3": "10.9.0.4"}
-    result = FILTER.sglang_server_plan(c, MODEL)
+    result = FILTER.server_plan(c, MODEL)
     args = result["args"]
     assert result["errors"] == []
     assert args[args.index("--tp-size") + 1] == "8"
@@ -87,12 +87,12 @@ def test_hostvars_supply_the_fabric_addresses():
     c = ctx()
     del c["fabric_ips"]
     hostvars = {"spark-0": {"spark_fabric_ip": "10.1.1.1"}, "spark-1": {"spark_fabric_ip": "10.1.1.2"}}
-    result = FILTER.sglang_server_plan(c, MODEL, hostvars)
+    result = FILTER.server_plan(c, MODEL, hostvars)
     assert result["dist_init_addr"] == "10.1.1.1:20000"
 
 
 def test_overrides_change_numbers_in_place_and_append_extras_sorted():
-    args = plan(sglang_server_flag_overrides={
+    args = plan(server_flag_overrides={
         "context-length": 32768, "max-running-requests": "1", "mem-fraction-static": 0.8,
         "served-model-name": "glm53", "enable-cache-report": True, "log-level": "info",
     })["args"]
@@ -105,201 +105,201 @@ def test_overrides_change_numbers_in_place_and_append_extras_sorted():
 
 def test_false_and_null_drop_flags():
     args = plan(
-        sglang_server_flag_overrides={"disable-shared-experts-fusion": False, "enable-metrics": None},
-        sglang_server_acknowledge_backend_change=True,
+        server_flag_overrides={"disable-shared-experts-fusion": False, "enable-metrics": None},
+        server_acknowledge_backend_change=True,
     )["args"]
     assert "--disable-shared-experts-fusion" not in args
     assert "--enable-metrics" not in args
 
 
 def test_unknown_but_plausible_flag_passes_through():
-    args = plan(sglang_server_flag_overrides={"enable-hierarchical-cache": True})["args"]
+    args = plan(server_flag_overrides={"enable-hierarchical-cache": True})["args"]
     assert args[-1] == "--enable-hierarchical-cache"
 
 
 # Each guard rail: overrides/context change, then fragments the single message must contain.
 GUARD_RAILS = {
     "tool-call-parser glm": (
-        {"sglang_server_flag_overrides": {"tool-call-parser": "glm"}},
-        ["sglang_server_flag_overrides['tool-call-parser'] = 'glm'", '"tool_calls": null', '"content": ""',
+        {"server_flag_overrides": {"tool-call-parser": "glm"}},
+        ["server_flag_overrides['tool-call-parser'] = 'glm'", '"tool_calls": null', '"content": ""',
          "Fix: set 'tool-call-parser' to 'glm47'"],
     ),
     "tool-call-parser dropped": (
-        {"sglang_server_flag_overrides": {"tool-call-parser": False}},
+        {"server_flag_overrides": {"tool-call-parser": False}},
         ["drops --tool-call-parser", "glm47"],
     ),
     "reasoning-parser dropped": (
-        {"sglang_server_flag_overrides": {"reasoning-parser": None}},
+        {"server_flag_overrides": {"reasoning-parser": None}},
         ["drops --reasoning-parser", "</think>", "reasoning_content", "glm45"],
     ),
     "reasoning-parser glm47": (
-        {"sglang_server_flag_overrides": {"reasoning-parser": "glm47"}},
+        {"server_flag_overrides": {"reasoning-parser": "glm47"}},
         ["['reasoning-parser'] = 'glm47'", "differ on purpose", "Fix: set 'reasoning-parser' to 'glm45'"],
     ),
     "reasoning-parser deepseek_r1": (
-        {"sglang_server_flag_overrides": {"reasoning-parser": "deepseek_r1"}},
+        {"server_flag_overrides": {"reasoning-parser": "deepseek_r1"}},
         ["= 'deepseek_r1'", "vLLM", "glm45"],
     ),
     "kv-cache fp8 with tilelang": (
-        {"sglang_server_flag_overrides": {"kv-cache-dtype": "fp8_e4m3"}},
+        {"server_flag_overrides": {"kv-cache-dtype": "fp8_e4m3"}},
         ["['kv-cache-dtype'] = 'fp8_e4m3'", "tilelang", "bfloat16", "Fix:"],
     ),
     "kv-cache dropped with tilelang": (
-        {"sglang_server_flag_overrides": {"kv-cache-dtype": False}},
+        {"server_flag_overrides": {"kv-cache-dtype": False}},
         ["['kv-cache-dtype'] dropped", "tilelang", "bfloat16"],
     ),
     "attention backend changed": (
-        {"sglang_server_flag_overrides": {"attention-backend": "flashinfer"}},
-        ["['attention-backend'] = 'flashinfer'", "load-bearing", "sm_121", "sglang_server_acknowledge_backend_change: true"],
+        {"server_flag_overrides": {"attention-backend": "flashinfer"}},
+        ["['attention-backend'] = 'flashinfer'", "load-bearing", "sm_121", "server_acknowledge_backend_change: true"],
     ),
     "dsa prefill backend changed": (
-        {"sglang_server_flag_overrides": {"dsa-prefill-backend": "flashmla"}},
-        ["['dsa-prefill-backend'] = 'flashmla'", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"dsa-prefill-backend": "flashmla"}},
+        ["['dsa-prefill-backend'] = 'flashmla'", "server_acknowledge_backend_change"],
     ),
     "dsa decode backend changed": (
-        {"sglang_server_flag_overrides": {"dsa-decode-backend": "flashmla"}},
-        ["['dsa-decode-backend'] = 'flashmla'", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"dsa-decode-backend": "flashmla"}},
+        ["['dsa-decode-backend'] = 'flashmla'", "server_acknowledge_backend_change"],
     ),
     "moe runner changed": (
-        {"sglang_server_flag_overrides": {"moe-runner-backend": "triton"}},
-        ["['moe-runner-backend'] = 'triton'", "NVFP4", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"moe-runner-backend": "triton"}},
+        ["['moe-runner-backend'] = 'triton'", "NVFP4", "server_acknowledge_backend_change"],
     ),
     "shared experts fusion dropped": (
-        {"sglang_server_flag_overrides": {"disable-shared-experts-fusion": False}},
-        ["['disable-shared-experts-fusion'] = false", "drops", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"disable-shared-experts-fusion": False}},
+        ["['disable-shared-experts-fusion'] = false", "drops", "server_acknowledge_backend_change"],
     ),
     "trust-remote-code dropped": (
-        {"sglang_server_flag_overrides": {"trust-remote-code": False}},
-        ["['trust-remote-code'] = false", "sglang_server_acknowledge_backend_change"],
+        {"server_flag_overrides": {"trust-remote-code": False}},
+        ["['trust-remote-code'] = false", "server_acknowledge_backend_change"],
     ),
     "context-length not numeric": (
-        {"sglang_server_flag_overrides": {"context-length": "64k"}},
+        {"server_flag_overrides": {"context-length": "64k"}},
         ["['context-length'] = '64k'", "whole number", "between 1024 and 1048576"],
     ),
     "context-length out of range": (
-        {"sglang_server_flag_overrides": {"context-length": 2097152}},
+        {"server_flag_overrides": {"context-length": 2097152}},
         ["['context-length'] = 2097152", "between 1024 and 1048576"],
     ),
     "context-length dropped": (
-        {"sglang_server_flag_overrides": {"context-length": False}},
+        {"server_flag_overrides": {"context-length": False}},
         ["drops --context-length", "hybrid"],
     ),
     "max-running-requests zero": (
-        {"sglang_server_flag_overrides": {"max-running-requests": 0}},
+        {"server_flag_overrides": {"max-running-requests": 0}},
         ["['max-running-requests'] = 0", "between 1 and 64"],
     ),
     "max-running-requests boolean": (
-        {"sglang_server_flag_overrides": {"max-running-requests": True}},
+        {"server_flag_overrides": {"max-running-requests": True}},
         ["['max-running-requests'] = true", "whole number"],
     ),
     "max-running-requests dropped": (
-        {"sglang_server_flag_overrides": {"max-running-requests": None}},
+        {"server_flag_overrides": {"max-running-requests": None}},
         ["drops --max-running-requests", "state cache"],
     ),
     "mem-fraction-static not numeric": (
-        {"sglang_server_flag_overrides": {"mem-fraction-static": "most"}},
+        {"server_flag_overrides": {"mem-fraction-static": "most"}},
         ["['mem-fraction-static'] = 'most'", "takes a number"],
     ),
     "mem-fraction-static out of range": (
-        {"sglang_server_flag_overrides": {"mem-fraction-static": 0.97}},
+        {"server_flag_overrides": {"mem-fraction-static": 0.97}},
         ["['mem-fraction-static'] = 0.97", "between 0.5 and 0.92"],
     ),
     "model dir is a repo id": (
-        {"sglang_server_model_dir": "LibertAIDAI/GLM-5.3-Flash-NVFP4"},
-        ["sglang_server_model_dir = 'LibertAIDAI/GLM-5.3-Flash-NVFP4'", "repo id", "processor_config.json",
+        {"server_model_dir": "LibertAIDAI/GLM-5.3-Flash-NVFP4"},
+        ["server_model_dir = 'LibertAIDAI/GLM-5.3-Flash-NVFP4'", "repo id", "processor_config.json",
          "hf download LibertAIDAI/GLM-5.3-Flash-NVFP4 --local-dir"],
     ),
     "model dir relative": (
-        {"sglang_server_model_dir": "./glm53"},
-        ["sglang_server_model_dir = './glm53'", "relative", "absolute"],
+        {"server_model_dir": "./glm53"},
+        ["server_model_dir = './glm53'", "relative", "absolute"],
     ),
     "model dir with metacharacters": (
-        {"sglang_server_model_dir": "/opt/models/glm53;rm -rf /"},
-        ["sglang_server_model_dir = '/opt/models/glm53;rm -rf /'", "metacharacters"],
+        {"server_model_dir": "/opt/models/glm53;rm -rf /"},
+        ["server_model_dir = '/opt/models/glm53;rm -rf /'", "metacharacters"],
     ),
     "model dir with a space": (
-        {"sglang_server_model_dir": "/opt/my models/glm53"},
-        ["sglang_server_model_dir = '/opt/my models/glm53'", "whitespace"],
+        {"server_model_dir": "/opt/my models/glm53"},
+        ["server_model_dir = '/opt/my models/glm53'", "whitespace"],
     ),
     "tp-size in overrides": (
-        {"sglang_server_flag_overrides": {"tp-size": 4}},
-        ["['tp-size'] = 4", "topology flag", "sglang_server_gpus_per_node"],
+        {"server_flag_overrides": {"tp-size": 4}},
+        ["['tp-size'] = 4", "topology flag", "server_gpus_per_node"],
     ),
     "tp alias in overrides": (
-        {"sglang_server_flag_overrides": {"tensor-parallel-size": 2}},
+        {"server_flag_overrides": {"tensor-parallel-size": 2}},
         ["['tensor-parallel-size'] = 2", "topology flag"],
     ),
     "node-rank in overrides": (
-        {"sglang_server_flag_overrides": {"node-rank": 1}},
+        {"server_flag_overrides": {"node-rank": 1}},
         ["['node-rank'] = 1", "topology flag", "spark_head"],
     ),
     "nnodes in overrides": (
-        {"sglang_server_flag_overrides": {"nnodes": 2}},
+        {"server_flag_overrides": {"nnodes": 2}},
         ["['nnodes'] = 2", "topology flag"],
     ),
     "dist-init-addr in overrides": (
-        {"sglang_server_flag_overrides": {"dist-init-addr": "10.0.0.1:5000"}},
-        ["['dist-init-addr'] = '10.0.0.1:5000'", "spark_fabric_ip", "sglang_server_dist_init_port"],
+        {"server_flag_overrides": {"dist-init-addr": "10.0.0.1:5000"}},
+        ["['dist-init-addr'] = '10.0.0.1:5000'", "spark_fabric_ip", "server_dist_init_port"],
     ),
     "model-path in overrides": (
-        {"sglang_server_flag_overrides": {"model-path": "/opt/models/glm53"}},
-        ["['model-path']", "sglang_server_model_dir"],
+        {"server_flag_overrides": {"model-path": "/opt/models/glm53"}},
+        ["['model-path']", "server_model_dir"],
     ),
     "port in overrides": (
-        {"sglang_server_flag_overrides": {"port": 8000}},
-        ["['port'] = 8000", "sglang_server_port"],
+        {"server_flag_overrides": {"port": 8000}},
+        ["['port'] = 8000", "server_port"],
     ),
     "host in overrides": (
-        {"sglang_server_flag_overrides": {"host": "127.0.0.1"}},
-        ["['host'] = '127.0.0.1'", "sglang_server_host"],
+        {"server_flag_overrides": {"host": "127.0.0.1"}},
+        ["['host'] = '127.0.0.1'", "server_host"],
     ),
     "typo of a known flag": (
-        {"sglang_server_flag_overrides": {"context-lenght": 32768}},
+        {"server_flag_overrides": {"context-lenght": 32768}},
         ["['context-lenght'] = 32768", "did you mean 'context-length'"],
     ),
     "typo of a known extra": (
-        {"sglang_server_flag_overrides": {"served-model-nam": "glm53"}},
+        {"server_flag_overrides": {"served-model-nam": "glm53"}},
         ["did you mean 'served-model-name'"],
     ),
     "underscores instead of dashes": (
-        {"sglang_server_flag_overrides": {"max_running_requests": 1}},
+        {"server_flag_overrides": {"max_running_requests": 1}},
         ["did you mean 'max-running-requests'", "dashes"],
     ),
     "argparse abbreviation": (
-        {"sglang_server_flag_overrides": {"mem-fraction": 0.8}},
+        {"server_flag_overrides": {"mem-fraction": 0.8}},
         ["abbreviation of --mem-fraction-static", "did you mean 'mem-fraction-static'"],
     ),
     "leading dashes": (
-        {"sglang_server_flag_overrides": {"--context-length": 32768}},
+        {"server_flag_overrides": {"--context-length": 32768}},
         ["without the leading dashes", "'context-length'"],
     ),
     "api key as a flag": (
-        {"sglang_server_flag_overrides": {"api-key": "hunter2"}},
-        ["['api-key'] = <redacted>", "sglang_server_api_key"],
+        {"server_flag_overrides": {"api-key": "hunter2"}},
+        ["['api-key'] = <redacted>", "server_api_key"],
     ),
     "bare switch with a value": (
-        {"sglang_server_flag_overrides": {"enable-cache-report": ["a", "b"]}},
+        {"server_flag_overrides": {"enable-cache-report": ["a", "b"]}},
         ["['enable-cache-report'] = ['a', 'b']", "single scalar"],
     ),
     "value with shell characters": (
-        {"sglang_server_flag_overrides": {"served-model-name": "glm 53"}},
+        {"server_flag_overrides": {"served-model-name": "glm 53"}},
         ["['served-model-name'] = 'glm 53'", "unquoted"],
     ),
     "overrides not a mapping": (
-        {"sglang_server_flag_overrides": ["context-length=1"]},
-        ["sglang_server_flag_overrides = ['context-length=1']", "mapping"],
+        {"server_flag_overrides": ["context-length=1"]},
+        ["server_flag_overrides = ['context-length=1']", "mapping"],
     ),
     "port clash": (
-        {"sglang_server_dist_init_port": 30000},
-        ["sglang_server_dist_init_port = 30000", "equals sglang_server_port"],
+        {"server_dist_init_port": 30000},
+        ["server_dist_init_port = 30000", "equals server_port"],
     ),
     "bad digest": (
-        {"sglang_server_image_digest": "sha256:abc"},
-        ["sglang_server_image_digest = 'sha256:abc'", "64"],
+        {"server_image_digest": "sha256:abc"},
+        ["server_image_digest = 'sha256:abc'", "64"],
     ),
     "bad memory size": (
-        {"sglang_server_container_memory": "lots"},
-        ["sglang_server_container_memory = 'lots'", "120g"],
+        {"server_container_memory": "lots"},
+        ["server_container_memory = 'lots'", "120g"],
     ),
     "no head": (
         {"head_group": [], "inventory_hostname": "spark-1"},
@@ -327,7 +327,7 @@ def test_guard_rail_refuses_with_variable_value_why_and_fix(case):
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
     assert "Fix:" in message
-    assert re.match(r"^(sglang_server_\w+|inventory |hostvars\[)", message), message
+    assert re.match(r"^(server_\w+|inventory |hostvars\[)", message), message
 
 
 @pytest.mark.parametrize(
@@ -338,7 +338,7 @@ def test_acknowledgement_lets_a_backend_change_pass(name):
     if name.startswith("dsa-"):
         # Both tilelang backends gone: the bfloat16 requirement no longer applies.
         overrides = {"dsa-prefill-backend": "flashmla", "dsa-decode-backend": "flashmla", "kv-cache-dtype": "fp8_e4m3"}
-    result = plan(sglang_server_flag_overrides=overrides, sglang_server_acknowledge_backend_change=True)
+    result = plan(server_flag_overrides=overrides, server_acknowledge_backend_change=True)
     assert result["errors"] == []
     args = result["args"]
     for flag, value in overrides.items():
@@ -347,18 +347,18 @@ def test_acknowledgement_lets_a_backend_change_pass(name):
 
 def test_acknowledgement_does_not_excuse_the_parsers_or_the_kv_dtype():
     errors = errors_for(
-        sglang_server_flag_overrides={"tool-call-parser": "glm", "reasoning-parser": None, "kv-cache-dtype": "fp8_e5m2"},
-        sglang_server_acknowledge_backend_change=True,
+        server_flag_overrides={"tool-call-parser": "glm", "reasoning-parser": None, "kv-cache-dtype": "fp8_e5m2"},
+        server_acknowledge_backend_change=True,
     )
     assert len(errors) == 3, errors
 
 
 def test_every_error_is_reported_together():
     errors = errors_for(
-        sglang_server_flag_overrides={
+        server_flag_overrides={
             "tool-call-parser": "glm", "context-length": "x", "tp-size": 4, "context-lenght": 1,
         },
-        sglang_server_model_dir="LibertAIDAI/GLM-5.3-Flash-NVFP4",
+        server_model_dir="LibertAIDAI/GLM-5.3-Flash-NVFP4",
         head_group=[],
         inventory_hostname="spark-1",
     )
@@ -369,26 +369,26 @@ def test_every_error_is_reported_together():
 
 
 def test_no_args_are_computed_from_invalid_input():
-    result = plan(sglang_server_flag_overrides={"tool-call-parser": "glm"})
+    result = plan(server_flag_overrides={"tool-call-parser": "glm"})
     assert result["args"] == []
 
 
 def test_api_key_never_appears_in_errors_or_plan():
     secret = "sk-very-secret\n"  # noqa: S105 - a fake key that must never leak
-    result = plan(sglang_server_api_key=secret, sglang_server_flag_overrides={"api-key": "sk-other"})
+    result = plan(server_api_key=secret, server_flag_overrides={"api-key": "sk-other"})
     text = repr(result)
     assert "sk-very-secret" not in text
     assert "sk-other" not in text
-    assert any("sglang_server_api_key = <redacted>" in e for e in result["errors"])
+    assert any("server_api_key = <redacted>" in e for e in result["errors"])
 
 
 def test_model_dir_is_mounted_by_basename_and_refused_unless_normal():
-    result = plan(sglang_server_model_dir="/srv/models/glm53")
+    result = plan(server_model_dir="/srv/models/glm53")
     assert result["model_dir"] == "/srv/models/glm53"
     assert result["container_model_dir"] == "/models/glm53"
     # A trailing slash used to be normalised here while the checkpoint role refused it.
-    assert "ends in a slash" in only_error(sglang_server_model_dir="/srv/models/glm53/")
-    assert "Fix: /srv/models/glm53" in only_error(sglang_server_model_dir="/srv//models/./glm53")
+    assert "ends in a slash" in only_error(server_model_dir="/srv/models/glm53/")
+    assert "Fix: /srv/models/glm53" in only_error(server_model_dir="/srv//models/./glm53")
 
 
 def test_flag_model_is_well_formed():

@@ -1,4 +1,4 @@
-"""Whether the ranks outside a --limit run may restart with it (sglang_server filters).
+"""Whether the ranks outside a --limit run may restart with it (server filters).
 
 The installed arguments are written out here as a rank would hold them, not
 rebuilt through the same filter: a comparison of the plan with itself could
@@ -73,7 +73,7 @@ def reads(args=None, state=None, stamp=None, record=None, rank="spark-0"):
 
     checkpoint = STAMP_CHECK.stamp_problems(
         stored(STAMP) if stamp is None else stamp, stored(RECORD) if record is None else record, **CHECKPOINT,
-        model_dir_variable="sglang_server_model_dir", revision_variable="sglang_server_checkpoint_revision")
+        model_dir_variable="server_model_dir", revision_variable="server_checkpoint_revision")
     return {
         "args": looped(slurped(head_args()) if args is None else args),
         "state": looped({"stdout": f"{IMAGE_ID}\nactive" if state is None else state, "rc": 0}),
@@ -83,7 +83,7 @@ def reads(args=None, state=None, stamp=None, record=None, rank="spark-0"):
 
 def rejoin(r, host="spark-1", **ctx_changes):
     expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": IMAGE_ID, "args_file": ARGS_FILE}
-    return FILTER.sglang_server_rejoin_problems(r, ctx(host, **ctx_changes), MODEL, None, expected)
+    return FILTER.server_rejoin_problems(r, ctx(host, **ctx_changes), MODEL, None, expected)
 
 
 def test_an_outside_head_that_runs_the_inventory_may_rejoin():
@@ -91,13 +91,13 @@ def test_an_outside_head_that_runs_the_inventory_may_rejoin():
 
 
 def test_a_flag_the_inventory_changed_keeps_the_head_out():
-    found = rejoin(reads(), sglang_server_flag_overrides={"max-running-requests": 1})
+    found = rejoin(reads(), server_flag_overrides={"max-running-requests": 1})
     assert found == {"spark-0": ["--max-running-requests is installed as '2', the inventory gives '1'"]}
 
 
 def test_a_flag_only_installed_or_only_in_the_inventory_is_named():
     installed = head_args() + ["--enable-cache-report"]
-    found = rejoin(reads(args=slurped(installed)), sglang_server_flag_overrides={"disable-radix-cache": True})
+    found = rejoin(reads(args=slurped(installed)), server_flag_overrides={"disable-radix-cache": True})
     assert found == {"spark-0": [
         "--disable-radix-cache is not installed (the inventory gives a switch)",
         "--enable-cache-report (a switch) is installed but not in the inventory",
@@ -138,7 +138,7 @@ def test_an_unverified_checkpoint_keeps_the_rank_out():
 
 def test_every_problem_of_a_rank_is_reported_together():
     found = rejoin(reads(state="inactive", stamp=absent()),
-                   sglang_server_flag_overrides={"max-running-requests": 1})
+                   server_flag_overrides={"max-running-requests": 1})
     assert len(found["spark-0"]) == 3
 
 
@@ -151,5 +151,5 @@ def test_a_worker_outside_the_run_is_compared_with_its_own_rank():
 
 def test_check_mode_without_a_pulled_image_here_compares_no_image():
     expected = {"image_ref": "lmsysorg/sglang:glm-5.3-flash-arm64", "image_id": "", "args_file": ARGS_FILE}
-    found = FILTER.sglang_server_rejoin_problems(reads(state="inactive"), ctx("spark-1"), MODEL, None, expected)
+    found = FILTER.server_rejoin_problems(reads(state="inactive"), ctx("spark-1"), MODEL, None, expected)
     assert found == {}

@@ -1,6 +1,6 @@
 """A failed change goes back to the last good configuration: the server role's module and filters.
 
-The module (roles/sglang_server/library/sglang_server_config.py) runs as Ansible runs it, against
+The module (roles/server/library/server_config.py) runs as Ansible runs it, against
 files in a temporary root and the docker stand-in (SPARK_SIM_ROOT points its state there): what it
 keeps, promotes and restores is read back from the files, never from its own answer. The stand-in's
 image builds (its registry knob), `docker tag` and image events, which the rollback and the upgrade
@@ -95,7 +95,7 @@ class Rank:
     def module(self, state, check=False, **extra):
         args = {"state": state, "files": {k: str(v) for k, v in self.paths.items()}, "store": str(self.store),
                 "container": "sglang", "docker": str(DOCKER), **extra}
-        return run_role_module("sglang_server", "sglang_server_config", args, self.tmp, check=check)
+        return run_role_module("server", "server_config", args, self.tmp, check=check)
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def read(item, *, last_good=True, differs=False, differences=(), image="sha256:"
 
 
 @pytest.mark.parametrize(("results", "enabled", "why"), [
-    ([read("spark-0", differs=True, differences=["unit"]), read("spark-1")], False, "sglang_server_rollback is false"),
+    ([read("spark-0", differs=True, differences=["unit"]), read("spark-1")], False, "server_rollback is false"),
     ([read("spark-0", last_good=False), read("spark-1", last_good=False)], True, "a first deployment"),
     ([read("spark-0", differs=True, differences=["unit"]), read("spark-1", last_good=False)], True,
      "spark-1 keeps no last good configuration"),
@@ -215,13 +215,13 @@ def read(item, *, last_good=True, differs=False, differences=(), image="sha256:"
     ([{"item": "spark-0", "failed": True, "msg": "boom"}, read("spark-1")], True, "could not be read (boom)"),
 ])
 def test_the_group_goes_back_only_as_one_and_only_after_a_change(results, enabled, why):
-    plan = FILTER.sglang_server_rollback_plan(results, enabled, "spark-0")
+    plan = FILTER.server_rollback_plan(results, enabled, "spark-0")
     assert plan["do"] is False and why in plan["why"], plan
 
 
 def test_the_group_goes_back_waiting_for_what_the_restored_head_serves():
     args = ["--model-path", "/models/glm-old", "--host", "127.0.0.1", "--port", "30001"]
-    plan = FILTER.sglang_server_rollback_plan(
+    plan = FILTER.server_rollback_plan(
         [read("spark-0", differs=True, differences=["unit", "image"], args=args), read("spark-1")], "true", "spark-0")
     assert plan["do"] is True and plan["differences"] == {"spark-0": ["unit", "image"]}
     assert plan["model"] == "/models/glm-old" and plan["probe_url"] == "http://127.0.0.1:30001/v1/models"
@@ -237,7 +237,7 @@ def test_the_cause_quotes_each_failed_ranks_error_lines_once():
         "spark-1": {"active": False, "ended": 1.0, "summary": "failed/failed (result exit-code, exit 1)", "journal": [
             "2026-09-01T00:00:01+0000 spark-1 docker[12]: RuntimeError: Hybrid state cache is too small."]},
     }
-    text = FILTER.sglang_server_failure_cause(final, ["spark-0", "spark-1"], "a rank's unit is no longer active",
+    text = FILTER.server_failure_cause(final, ["spark-0", "spark-1"], "a rank's unit is no longer active",
                                               "Error|Exception", "spark-0")
     assert text.startswith("SGLang did not come up (a rank's unit is no longer active). Every rank as one pass read it before "
                            "they were stopped: "
@@ -248,7 +248,7 @@ def test_the_cause_quotes_each_failed_ranks_error_lines_once():
 
 
 def test_the_doctors_findings_are_named_once_per_kind():
-    lines = FILTER.sglang_server_doctor_lines({
+    lines = FILTER.server_doctor_lines({
         "spark-0": {"findings": ["hybrid_state_cache"], "lines": ["spark-0: Hybrid", "  remedy:  lower   it"]},
         "spark-1": {"findings": ["hybrid_state_cache"], "lines": ["spark-1: Hybrid"]},
         "spark-2": {"findings": [], "lines": ["spark-2: no current finding"]},
@@ -257,11 +257,11 @@ def test_the_doctors_findings_are_named_once_per_kind():
 
 
 def test_switches_that_are_not_booleans_are_refused_by_the_plan():
-    switches = {"sglang_server_rollback": "sometimes", "sglang_server_uninstall_images": False,
+    switches = {"server_rollback": "sometimes", "server_uninstall_images": False,
                 "upgrade_benchmark": "maybe", "uninstall_images": "true", "uninstall_checkpoint": 2}
-    errors = FILTER.sglang_server_plan(ctx(switches=switches), MODEL)["errors"]
+    errors = FILTER.server_plan(ctx(switches=switches), MODEL)["errors"]
     assert len(errors) == 3, errors
-    assert any(e.startswith("sglang_server_rollback = 'sometimes': must be true or false") for e in errors)
+    assert any(e.startswith("server_rollback = 'sometimes': must be true or false") for e in errors)
     assert any(e.startswith("upgrade_benchmark = 'maybe': must be true or false") and "-e upgrade_benchmark=true" in e
                for e in errors)
     assert any(e.startswith("uninstall_checkpoint = 2: must be true or false") for e in errors)

@@ -1,6 +1,6 @@
 """A no-change run reads each rank once: the server role's probe module and the filters that decide from it.
 
-The module (roles/sglang_server/library/sglang_server_state.py) runs as Ansible runs it, against files in a
+The module (roles/server/library/server_state.py) runs as Ansible runs it, against files in a
 temporary root and the docker stand-in (SPARK_SIM_ROOT points its state there). The filters decide whether
 the install step runs (any file, mode, owner or the boot switch that differs) and why the group restarts.
 """
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "tests" / "standins" / "bin" / "docker"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 KEY = "k3y-that-must-never-be-shown-0123456789abcdef"
-drift = FILTER.sglang_server_install_drift
-reasons = FILTER.sglang_server_restart_reasons
+drift = FILTER.server_install_drift
+reasons = FILTER.server_restart_reasons
 
 
 def docker(root, *args, check=True):
@@ -68,7 +68,7 @@ def probe(node, check=False, **extra):
             "files": {k: str(v) for k, v in node["paths"].items()}, "config_dir": str(node["store"]),
             "unit": "sglang-test-absent.service", "nginx_conf": str(node["root"] / "nginx.conf"),
             "store": str(node["store"]), "container": "sglang", "docker": str(DOCKER), **extra}
-    return run_role_module("sglang_server", "sglang_server_state", args, node["tmp"], check=check)
+    return run_role_module("server", "server_state", args, node["tmp"], check=check)
 
 
 def test_pull_reports_a_change_only_when_it_downloads_and_never_in_check_mode(node):
@@ -110,10 +110,10 @@ def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
         assert (first["recorded"], first["pending"]) == (False, False), "nothing kept yet"
         config = {"files": {k: str(v) for k, v in node["paths"].items()}, "store": str(node["store"]),
                   "container": "sglang", "docker": str(DOCKER)}
-        run_role_module("sglang_server", "sglang_server_config", {**config, "state": "pending"}, node["tmp"])
+        run_role_module("server", "server_config", {**config, "state": "pending"}, node["tmp"])
         pending = probe(node, check=True)
         assert (pending["recorded"], pending["pending"]) == (True, True), "pending"
-        run_role_module("sglang_server", "sglang_server_config", {**config, "state": "commit"}, node["tmp"])
+        run_role_module("server", "server_config", {**config, "state": "commit"}, node["tmp"])
         # Committed: nothing pending is left, so the next commit after verify has nothing to do.
         committed = probe(node, check=True)
         assert (committed["recorded"], committed["pending"]) == (True, False), "last good"
@@ -182,13 +182,13 @@ def test_a_fresh_node_installs_everything():
 def test_restart_reasons_name_each_rank_and_cause():
     active = {"changed": False, "unit": {"ActiveState": "active"}}
     hostvars = {
-        "spark-0": {"__sglang_server_probe": active},
-        "spark-1": {"__sglang_server_probe": active, "__sglang_server_env_result": {"changed": False}},
+        "spark-0": {"__server_probe": active},
+        "spark-1": {"__server_probe": active, "__server_env_result": {"changed": False}},
     }
     assert reasons(["spark-0", "spark-1"], hostvars) == {}
-    hostvars["spark-1"]["__sglang_server_env_result"] = {"changed": True}
-    hostvars["spark-0"]["__sglang_server_probe"] = {"changed": True, "unit": {"ActiveState": "failed"}}
+    hostvars["spark-1"]["__server_env_result"] = {"changed": True}
+    hostvars["spark-0"]["__server_probe"] = {"changed": True, "unit": {"ActiveState": "failed"}}
     assert reasons(["spark-0", "spark-1"], hostvars) == {
         "spark-0": ["a newer image was pulled", "unit failed"], "spark-1": ["env file changed"]}
-    hostvars["spark-1"] = {"__sglang_server_probe": active, "__sglang_server_unit_result": {"changed": True}}
+    hostvars["spark-1"] = {"__server_probe": active, "__server_unit_result": {"changed": True}}
     assert reasons(["spark-1"], hostvars) == {"spark-1": ["unit changed"]}

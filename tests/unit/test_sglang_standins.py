@@ -1115,7 +1115,7 @@ def test_nvidia_smi_lists_the_rank_of_either_launcher_and_not_the_docker_client(
     assert docker(root, "pull", IMAGE).returncode == 0
     env_file = tmp_path / "sglang.env"
     env_file.write_text("SGLANG_API_KEY=sk-smi-test\n")
-    # What the unit runs (roles/sglang_server/templates/sglang.service.j2), with and without an API key.
+    # What the unit runs (roles/server/templates/sglang.service.j2), with and without an API key.
     launcher = ["python3", "-c", keyed_launcher()] if keyed else ["python3", "-m", "sglang.launch_server"]
     port = free_port()
     cmd = [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all", "--env-file",

@@ -1,4 +1,4 @@
-"""The TP group's supervisor (roles/sglang_supervisor/files/sglang_supervisor.py) on a simulated pair.
+"""The TP group's supervisor (roles/supervisor/files/sglang_supervisor.py) on a simulated pair.
 
 No real command runs in-process: the supervisor's injectable runner is a model of the two nodes
 (each rank's systemd unit, the processes holding each GPU, SSH reachability, the head's HTTP
@@ -32,13 +32,13 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "roles" / "sglang_supervisor" / "files" / "sglang_supervisor.py"
+PROGRAM = REPO / "roles" / "supervisor" / "files" / "sglang_supervisor.py"
 # The nodes run the program with their own python3 (>= 3.11); the suite's venv may be newer.
 NODE_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 
 def load_program():
-    spec = importlib.util.spec_from_file_location("sglang_supervisor_under_test", PROGRAM)
+    spec = importlib.util.spec_from_file_location("supervisor_under_test", PROGRAM)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
@@ -1129,40 +1129,40 @@ def test_bad_settings_are_refused(tmp_path, change, message):
 
 
 def load_filter():
-    path = REPO / "roles" / "sglang_supervisor" / "filter_plugins" / "sglang_supervisor.py"
-    spec = importlib.util.spec_from_file_location("sglang_supervisor_filter_under_test", path)
+    path = REPO / "roles" / "supervisor" / "filter_plugins" / "supervisor.py"
+    spec = importlib.util.spec_from_file_location("supervisor_filter_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-PLAN = load_filter().sglang_supervisor_plan
-ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "sglang_supervisor" / "defaults" / "main.yml").read_text())
+PLAN = load_filter().supervisor_plan
+ROLE_DEFAULTS = yaml.safe_load((REPO / "roles" / "supervisor" / "defaults" / "main.yml").read_text())
 
 
 def test_the_role_defaults_pass_the_plan_and_match_the_program():
     assert PLAN(ROLE_DEFAULTS) == {"errors": []}
     for key in ("interval", "failures", "probe_timeout", "max_restarts", "window", "window_max_restarts", "stable_after",
                 "backoff_initial", "backoff_max", "gpu_release_timeout", "node_wait_report", "readiness_timeout"):
-        assert ROLE_DEFAULTS[f"sglang_supervisor_{key}"] == S.DEFAULTS[key], key
+        assert ROLE_DEFAULTS[f"supervisor_{key}"] == S.DEFAULTS[key], key
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"sglang_supervisor_stable_after": 0},
-     "sglang_supervisor_stable_after = 0: must be a whole number >= 1 (seconds of healthy generations after which a "
-     "restart no longer counts). Fix: e.g. sglang_supervisor_stable_after: 600."),
-    ({"sglang_supervisor_backoff_initial": "1m"}, "sglang_supervisor_backoff_initial = '1m': must be a whole number >= 1"),
-    ({"sglang_supervisor_max_restarts": -1}, "sglang_supervisor_max_restarts = -1: must be a whole number >= 0"),
-    ({"sglang_supervisor_window_max_restarts": True}, "sglang_supervisor_window_max_restarts = true: must be a whole"),
-    ({"sglang_supervisor_interval": 2.5}, "sglang_supervisor_interval = 2.5: must be a whole number >= 1"),
-    ({"sglang_supervisor_backoff_initial": 120, "sglang_supervisor_backoff_max": 60},
-     "sglang_supervisor_backoff_max = 60: below sglang_supervisor_backoff_initial (120); the back-off starts at the one "
-     "and doubles up to the other. Fix: set sglang_supervisor_backoff_max >= 120, or lower "
-     "sglang_supervisor_backoff_initial."),
-    ({"sglang_supervisor_max_restarts": 5, "sglang_supervisor_window_max_restarts": "4"},
-     "sglang_supervisor_window_max_restarts = 4: below sglang_supervisor_max_restarts (5)"),
-    ({"sglang_supervisor_alert_command": ["curl"]}, "sglang_supervisor_alert_command = ['curl']: must be a shell command"),
-    ({"sglang_supervisor_enabled": "maybe"}, "sglang_supervisor_enabled = 'maybe': must be true or false. Fix:"),
+    ({"supervisor_stable_after": 0},
+     "supervisor_stable_after = 0: must be a whole number >= 1 (seconds of healthy generations after which a "
+     "restart no longer counts). Fix: e.g. supervisor_stable_after: 600."),
+    ({"supervisor_backoff_initial": "1m"}, "supervisor_backoff_initial = '1m': must be a whole number >= 1"),
+    ({"supervisor_max_restarts": -1}, "supervisor_max_restarts = -1: must be a whole number >= 0"),
+    ({"supervisor_window_max_restarts": True}, "supervisor_window_max_restarts = true: must be a whole"),
+    ({"supervisor_interval": 2.5}, "supervisor_interval = 2.5: must be a whole number >= 1"),
+    ({"supervisor_backoff_initial": 120, "supervisor_backoff_max": 60},
+     "supervisor_backoff_max = 60: below supervisor_backoff_initial (120); the back-off starts at the one "
+     "and doubles up to the other. Fix: set supervisor_backoff_max >= 120, or lower "
+     "supervisor_backoff_initial."),
+    ({"supervisor_max_restarts": 5, "supervisor_window_max_restarts": "4"},
+     "supervisor_window_max_restarts = 4: below supervisor_max_restarts (5)"),
+    ({"supervisor_alert_command": ["curl"]}, "supervisor_alert_command = ['curl']: must be a shell command"),
+    ({"supervisor_enabled": "maybe"}, "supervisor_enabled = 'maybe': must be true or false. Fix:"),
 ])
 def test_the_plan_refuses_settings_that_cannot_work(change, message):
     [error] = PLAN({**ROLE_DEFAULTS, **change})["errors"]
@@ -1170,9 +1170,9 @@ def test_the_plan_refuses_settings_that_cannot_work(change, message):
 
 
 def test_the_plan_takes_numbers_given_as_text_and_checks_nothing_more_when_off():
-    assert PLAN({**ROLE_DEFAULTS, "sglang_supervisor_stable_after": "120", "sglang_supervisor_max_restarts": 0}) == \
+    assert PLAN({**ROLE_DEFAULTS, "supervisor_stable_after": "120", "supervisor_max_restarts": 0}) == \
         {"errors": []}
-    assert PLAN({**ROLE_DEFAULTS, "sglang_supervisor_enabled": "false", "sglang_supervisor_stable_after": 0}) == \
+    assert PLAN({**ROLE_DEFAULTS, "supervisor_enabled": "false", "supervisor_stable_after": 0}) == \
         {"errors": []}
 
 

@@ -22,7 +22,7 @@ def errors(host="spark-0", head=("spark-0",), workers=("spark-1",), fabric=None,
     c["fabric_ips"] = fabric or {h: f"192.168.100.{10 + i}" for i, h in enumerate([*head, *workers])}
     c["ansible_hosts"] = managed or {h: f"10.0.0.{10 + i}" for i, h in enumerate([*head, *workers])}
     c.setdefault("checkpoint_bytes", CHECKPOINT)
-    return FILTER.sglang_server_plan(c, MODEL)["errors"]
+    return FILTER.server_plan(c, MODEL)["errors"]
 
 
 def test_two_nodes_pass():
@@ -82,26 +82,26 @@ def test_fabric_address_that_is_the_management_address():
     ("registry.local:5000/sglang", "no tag means :latest"),
 ])
 def test_moving_image_tags(image, why):
-    [error] = errors(sglang_server_image=image)
-    assert error.startswith(f"sglang_server_image = {image!r}: {why}") and "Fix:" in error
+    [error] = errors(server_image=image)
+    assert error.startswith(f"server_image = {image!r}: {why}") and "Fix:" in error
 
 
 def test_latest_is_accepted_when_a_digest_pins_it():
-    assert errors(sglang_server_image="lmsysorg/sglang:latest", sglang_server_image_digest="sha256:" + "a" * 64) == []
+    assert errors(server_image="lmsysorg/sglang:latest", server_image_digest="sha256:" + "a" * 64) == []
 
 
 def test_registry_port_is_not_a_tag():
-    assert errors(sglang_server_image="registry.local:5000/sglang:glm-5.3-flash-arm64") == []
+    assert errors(server_image="registry.local:5000/sglang:glm-5.3-flash-arm64") == []
 
 
 @pytest.mark.parametrize("model_dir", ["/opt/models/glm53/", "/opt/models/glm53//"])
 def test_trailing_slash(model_dir):
-    [error] = errors(sglang_server_model_dir=model_dir)
-    assert error.startswith(f"sglang_server_model_dir = {model_dir!r}: ends in a slash") and "Fix:" in error
+    [error] = errors(server_model_dir=model_dir)
+    assert error.startswith(f"server_model_dir = {model_dir!r}: ends in a slash") and "Fix:" in error
 
 
 def test_model_dir_must_be_two_levels_deep():
-    [error] = errors(sglang_server_model_dir="/glm53")
+    [error] = errors(server_model_dir="/glm53")
     assert "at least two levels deep" in error
 
 
@@ -111,7 +111,7 @@ def test_group_names_in_messages_follow_the_parameters():
 
 
 def test_a_supervisor_needs_the_fabric_ssh_trust():
-    [error] = errors(sglang_server_supervised=True, peer_ssh=False)
-    assert error.startswith("sglang_supervisor_enabled = true with fabric_ssh_trust = false") and "Fix:" in error
-    assert errors(sglang_server_supervised=False, peer_ssh=False) == []
-    assert errors(sglang_server_supervised=True, peer_ssh=True) == []
+    [error] = errors(server_supervised=True, peer_ssh=False)
+    assert error.startswith("supervisor_enabled = true with fabric_ssh_trust = false") and "Fix:" in error
+    assert errors(server_supervised=False, peer_ssh=False) == []
+    assert errors(server_supervised=True, peer_ssh=True) == []

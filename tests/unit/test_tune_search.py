@@ -2,9 +2,9 @@
 
 tests/integration/test_tune.py runs one case on simulated nodes (each candidate is a real restart of
 the group: a fit, a failure above a fit, a context that does not start, and the running point
-counted without a restart). Here the role's own search code (roles/sglang_tune's filter plugin:
+counted without a restart). Here the role's own search code (roles/tune's filter plugin:
 next candidate, failure reading, frontier, results, profiles, table) is driven the way
-roles/sglang_tune/tasks/trial.yml drives it, over many budgets, context lists, caps and running
+roles/tune/tasks/trial.yml drives it, over many budgets, context lists, caps and running
 points, against an engine that answers as the stand-in SGLang server does: its own state cache
 arithmetic (tests/standins/lib/sglang_server.py `state_slots`) decides whether a start fits, and a
 start that does not fit leaves the stand-in's hybrid state cache error in the journal.
@@ -22,7 +22,7 @@ import pytest
 from tests.lib.roles import filter_plugin
 
 REPO = Path(__file__).resolve().parents[2]
-TUNE = filter_plugin("sglang_tune")
+TUNE = filter_plugin("tune")
 _spec = importlib.util.spec_from_file_location("tune_standin_server", REPO / "tests" / "standins" / "lib" / "sglang_server.py")
 STANDIN = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(STANDIN)
@@ -54,7 +54,7 @@ class Engine:
             return {"context": context, "requests": requests, "fits": True, "capacity": True,
                     "reason": "started and answered the verify questions", "seconds": 1.5 + len(self.starts),
                     "figures": {"ttft_ms_p50": 10, "itl_ms_p50": 5, "decode_tok_s": 100.0}}
-        out = TUNE.sglang_tune_failure(self.journal(context), "Fail with a summary", "SGLang did not come up")
+        out = TUNE.tune_failure(self.journal(context), "Fail with a summary", "SGLang did not come up")
         return {**out, "context": context, "requests": requests, "seconds": 0.5}
 
 
@@ -68,7 +68,7 @@ def tune(engine: Engine, contexts, cap, running=None, record=()):
                        "figures": {"ttft_ms_p50": 9, "itl_ms_p50": 4, "decode_tok_s": 120.0}})
     lefts = []
     for _ in range(200):
-        nxt = TUNE.sglang_tune_next(trials, contexts, cap)
+        nxt = TUNE.tune_next(trials, contexts, cap)
         if nxt["done"]:
             return trials, lefts
         assert nxt["lo"] < nxt["requests"] < nxt["hi"], nxt
@@ -89,7 +89,7 @@ def check(budget, contexts, cap, running=None):
     engine = Engine(budget)
     trials, lefts = tune(engine, contexts, cap, running)
     want = truth(budget, contexts, cap)
-    frontier = TUNE.sglang_tune_frontier(trials, contexts, cap)
+    frontier = TUNE.tune_frontier(trials, contexts, cap)
     assert frontier == want, (budget, contexts, cap, running, trials)
 
     # Every trial is one real candidate: none repeated, none the budget contradicts, the running one not started.
@@ -114,7 +114,7 @@ def check(budget, contexts, cap, running=None):
     assert all(left >= 1 for left in lefts), lefts
 
     # The results, the profiles file's entries and the table.
-    rows = TUNE.sglang_tune_results(trials, contexts, cap)
+    rows = TUNE.tune_results(trials, contexts, cap)
     assert [(r["context"], r["max_requests"]) for r in rows] == list(frontier.items())
     assert [r["startable"] for r in rows] == [n > 0 for n in frontier.values()]
     for r in rows:
@@ -127,10 +127,10 @@ def check(budget, contexts, cap, running=None):
         row = next(r for r in rows if r["context"] == running[0])
         if row["max_requests"] == running[1]:
             assert row["start_seconds"] is None and row["figures"]["decode_tok_s"] == 120.0, row
-    profiles = TUNE.sglang_tune_profiles(rows, {"mine": {"context-length": 32768}})
+    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}})
     assert profiles == {"mine": {"context-length": 32768}, **{
         f"ctx{c}-req{n}": {"context-length": c, "max-running-requests": n} for c, n in frontier.items() if n}}
-    table = TUNE.sglang_tune_table(rows, True)
+    table = TUNE.tune_table(rows, True)
     for c, n in frontier.items():
         assert sum(line.startswith(f"| {c} | {'not startable' if n == 0 else n} |") for line in table) == 1, table
 
@@ -198,5 +198,5 @@ def test_a_record_under_the_same_settings_resumes_midway():
         trials, _ = tune(engine, contexts, cap, running=(65536, 2), record=full[:cut])
         assert [(t["context"], t["requests"]) for t in trials[:cut]] == [(t["context"], t["requests"]) for t in full[:cut]]
         assert engine.starts == [(t["context"], t["requests"]) for t in full[cut:]]
-        assert TUNE.sglang_tune_frontier(trials, contexts, cap) == truth(budget, contexts, cap)
+        assert TUNE.tune_frontier(trials, contexts, cap) == truth(budget, contexts, cap)
 

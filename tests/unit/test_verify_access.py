@@ -1,4 +1,4 @@
-"""Verify's proof of the access rules (module_utils/sglang_verify_judge.py): who is served, and the TLS chain.
+"""Verify's proof of the access rules (module_utils/verify_judge.py): who is served, and the TLS chain.
 
 Fed recorded exchanges, as the endpoint module records them; the end-to-end runs are in
 tests/integration/test_verify.py (the stand-in on 127.0.0.1) and test_secure_endpoint.py (nginx on a node).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
-    "sglang_verify_judge_access", REPO / "roles/sglang_verify/module_utils/sglang_verify_judge.py")
+    "verify_judge_access", REPO / "roles/verify/module_utils/verify_judge.py")
 judge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(judge)
 
@@ -52,9 +52,9 @@ def test_serving_without_a_key_on_purpose_is_a_warning_row():
     row = verdict["checks"][-1]
     assert row["name"] == "auth" and row["ok"] and row["warn"]
     lines = [line for line in verdict["table"] if line.startswith("auth")]
-    assert lines == ["auth       WARN    served without an API key (sglang_server_allow_unauthenticated: true): anyone "
+    assert lines == ["auth       WARN    served without an API key (server_allow_unauthenticated: true): anyone "
                      "who reaches the port can use the model"]
-    assert any("sglang_server_allow_unauthenticated: false" in line for line in verdict["table"])
+    assert any("server_allow_unauthenticated: false" in line for line in verdict["table"])
 
 
 def test_tls_passes_only_with_a_verified_chain_and_plain_http_refused():

@@ -1,4 +1,4 @@
-"""sglang_verify_endpoint asks its two generations at once: a site waits for the slower, not for both.
+"""verify_endpoint asks its two generations at once: a site waits for the slower, not for both.
 
 The endpoint here is a barrier: each chat request is held until the other one has arrived, and both are
 then answered. Asked one after the other, the first would wait alone until the barrier gives up (the
@@ -61,7 +61,7 @@ def test_the_two_generations_are_in_flight_together(tmp_path):
     barrier = Barrier()
     server = barrier.serve()
     try:
-        result = run_role_module("sglang_verify", "sglang_verify_endpoint", {
+        result = run_role_module("verify", "verify_endpoint", {
             "endpoint": f"http://127.0.0.1:{server.server_address[1]}", "expected_model": MODEL,
             "allow_unauthenticated": True, "timeout": GIVE_UP_SECONDS * 2}, tmp_path)
     finally:

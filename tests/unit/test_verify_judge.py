@@ -1,4 +1,4 @@
-"""The verify judge (roles/sglang_verify/module_utils) on recorded good and bad answers.
+"""The verify judge (roles/verify/module_utils) on recorded good and bad answers.
 
 The recorded bodies are written out here, in the shapes SGLang returns and the
 seed describes (deployment-facts.md, "Known failures" 3 and 4, "Verifying a
@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
-    "sglang_verify_judge", REPO / "roles/sglang_verify/module_utils/sglang_verify_judge.py"
+    "verify_judge", REPO / "roles/verify/module_utils/verify_judge.py"
 )
 judge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(judge)
@@ -95,7 +95,7 @@ def test_cut_off_thinking_asks_for_more_tokens():
     cut = chat({"role": "assistant", "content": "", "reasoning_content": "17 × 23 = 17 × 20 + ..."}, finish="length")
     _, checks = run(reasoning=cut)
     assert not checks["reasoning"]["ok"]
-    assert "sglang_verify_max_tokens" in checks["reasoning"]["remedy"]
+    assert "verify_max_tokens" in checks["reasoning"]["remedy"]
 
 
 def test_empty_content_null_tool_calls_is_the_glm_parser_fingerprint():
@@ -165,7 +165,7 @@ def test_missing_or_wrong_api_key_is_named():
               "json": {"error": "Unauthorized"}}
     _, checks = run(models=denied)
     assert not checks["models"]["ok"]
-    assert "sglang_server_api_key" in checks["models"]["remedy"]
+    assert "server_api_key" in checks["models"]["remedy"]
 
 
 @pytest.mark.parametrize(("listed", "expected", "passes"), [

@@ -8,6 +8,21 @@ verbs read them, for this host and (under --limit, by delegation) for others.
 from __future__ import annotations
 
 import posixpath
+import re
+from pathlib import Path
+
+from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
+
+# The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
+# settings were sglang_<concern>_*, and are <concern>_* since.
+RENAMED_CONCERNS = ("server", "supervisor", "verify", "doctor", "benchmark", "tune", "monitoring", "firewall")
+LEGACY_NAME = re.compile(r"^sglang_(" + "|".join(RENAMED_CONCERNS) + r")_[a-z0-9_]+$")
+# Names that changed more than their prefix.
+RENAMED = {f"sglang_monitoring_sglang_{x}": f"monitoring_server_{x}" for x in ("port", "tls", "tls_ca")}
+# The project's own wiring (group_vars/all) sets some new names for every host: a site that sets the old name
+# of one of them sets it once, not twice.
+WIRING = Path(__file__).resolve().parents[3] / "group_vars" / "all"
 
 
 def spark_checkpoint_paths(model_dir):
@@ -24,6 +39,43 @@ def spark_checkpoint_paths(model_dir):
     }
 
 
+def _wired_names() -> set[str]:
+    names = set()
+    for path in sorted(WIRING.glob("*.yml")) if WIRING.is_dir() else ():
+        names.update(re.findall(r"^([a-z_][a-z0-9_]*):", path.read_text(), re.M))
+    return names
+
+
+def spark_renamed_settings(hostvars, hosts):
+    """The settings `hosts` still set under their names before the rename, as [{host, old, new, value}].
+
+    Each old name gets one deprecation line for the run, naming its hosts and the new name. A host that sets
+    both names is refused: which of the two values it meant cannot be known.
+    """
+    wired = _wired_names()
+    found, both = [], []
+    seen: dict[str, list[str]] = {}
+    for host in dict.fromkeys(hosts):
+        names = hostvars[host]
+        for old in sorted(k for k in names.keys() if LEGACY_NAME.match(k)):
+            new = RENAMED.get(old, old[len("sglang_"):])
+            if new in names and new not in wired:
+                both.append(f"{host} sets both {old} (its name before 1.1.0) and {new}")
+                continue
+            seen.setdefault(old, []).append(host)
+            found.append({"host": host, "old": old, "new": new, "value": names[old]})
+    if both:
+        raise AnsibleFilterError(
+            "; ".join(both) + ". Which value is meant cannot be known, and nothing was changed. Fix: keep only the new "
+            "name in the inventory (the old one is what it was called before the engine-neutral rename).")
+    for old, where in seen.items():
+        Display().deprecated(
+            f"{old} (set for {', '.join(where)}) is now {RENAMED.get(old, old[len('sglang_'):])}: rename it in the "
+            "inventory",
+            version="2.0.0", collection_name="dgx_spark.llm_serving")
+    return found
+
+
 class FilterModule:
     def filters(self):
-        return {"spark_checkpoint_paths": spark_checkpoint_paths}
+        return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings}

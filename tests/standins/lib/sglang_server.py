@@ -183,7 +183,7 @@ def fail(exc_line, rank=None, where="scheduler"):
     sys.exit(1)
 
 
-# Every flag the sglang_server role accepts is a real launch_server flag: argparse knows them all.
+# Every flag the server role accepts is a real launch_server flag: argparse knows them all.
 VALUE_FLAGS = [
     "--tokenizer-path", "--tokenizer-mode", "--load-format", "--dtype", "--quantization", "--revision",
     "--attention-backend", "--dsa-prefill-backend", "--dsa-decode-backend", "--served-model-name", "--chat-template",

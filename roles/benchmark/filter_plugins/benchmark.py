@@ -1,0 +1,233 @@
+"""The benchmark role's input checks and plan: which levels, prompt sizes and request counts.
+
+Pure functions of the role's settings (and of the launch arguments the head runs with), so that
+every problem is reported before any request is sent, each naming the variable, the value, why
+and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+
+PROMPTS = ("short", "medium", "long")
+KIND = "sglang-benchmark"
+URL = re.compile(r"^https?://[^/@\s]+(:[0-9]+)?/?$")
+MAX_STREAMS = 4096
+
+
+def _show(value):
+    if isinstance(value, str):
+        return repr(value)
+    return json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else str(value)
+
+
+def _int(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
+        return int(value)
+    return None
+
+
+def _num(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def compare_problem(path):
+    """Why `path` is not a benchmark report this role wrote (None when it is one)."""
+    try:
+        with open(os.path.abspath(os.path.expanduser(str(path)))) as f:
+            doc = json.load(f)
+    except OSError as err:
+        return f"cannot be read ({err.strerror})"
+    except ValueError as err:
+        return f"is not JSON ({err})"
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        found = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        return f"is not a benchmark report (kind {found!r}; playbooks/benchmark.yml writes kind {KIND!r})"
+    if not isinstance(doc.get("levels"), list) or not doc["levels"]:
+        return "is a benchmark report without levels"
+    return None
+
+
+def concurrency_problem(value):
+    """Why a concurrency setting is unusable (None when it is 'auto' or a strictly increasing list)."""
+    if value == "auto":
+        return None
+    if not isinstance(value, (list, tuple)):
+        return "must be auto or a list of concurrency levels such as [1, 2, 4]"
+    if not value:
+        return "is empty: there would be nothing to measure"
+    numbers = [_int(v) for v in value]
+    if any(n is None or n < 1 or n > MAX_STREAMS for n in numbers):
+        return f"holds a value that is not a whole number from 1 to {MAX_STREAMS}"
+    if any(b <= a for a, b in zip(numbers, numbers[1:], strict=False)):
+        return "is not strictly increasing: each level must run more streams than the one before"
+    return None
+
+
+def benchmark_problems(s):
+    """Every problem of the settings `s` (the role's variables without their prefix), before any request."""
+    problems = []
+
+    def bad(var, why, fix):
+        problems.append(f"benchmark_{var} = {_show(s.get(var))}: {why}. Fix: {fix}.")
+
+    why = concurrency_problem(s.get("concurrency"))
+    if why:
+        bad("concurrency", why, "give a strictly increasing list of positive whole numbers, e.g. [1, 2, 4, 5], or auto "
+            "(1, 2, 4, ... up to max-running-requests and one beyond)")
+    prompts = s.get("prompts")
+    if not isinstance(prompts, (list, tuple)) or not prompts or any(p not in PROMPTS for p in prompts) \
+            or len(set(prompts)) != len(prompts):
+        bad("prompts", "must be a non-empty list of distinct prompt sizes", f"choose from {', '.join(PROMPTS)}")
+    for var, low in (("short_tokens", 1), ("medium_tokens", 1), ("max_tokens", 1), ("rounds", 1), ("min_requests", 1),
+                     ("max_requests", 1), ("max_seconds", 1), ("stall_timeout", 1), ("request_timeout", 1),
+                     ("recall_max_tokens", 1)):
+        n = _int(s.get(var))
+        if n is None or n < low:
+            bad(var, "must be a positive whole number", "give a whole number of at least 1")
+    for var in ("context_length", "max_running_requests"):
+        n = _int(s.get(var))
+        if n is None or n < 0:
+            bad(var, "must be 0 (read it from the head's server-args.json) or the server's value",
+                "leave it 0 for a group this collection deployed")
+    for var, low, high in (("long_fraction", 0.0, 1.0), ("recall_fraction", 0.0, 1.0)):
+        f = _num(s.get(var))
+        if f is None or not low < f <= high:
+            bad(var, f"must be a fraction of the context length above {low:g} and at most {high:g}", "e.g. 0.5")
+    depths = s.get("recall_depths")
+    if not isinstance(depths, (list, tuple)) or not depths or len(depths) > 5 \
+            or any(_num(d) is None or not 0.0 <= _num(d) <= 1.0 for d in depths):
+        bad("recall_depths", "must list one to five depths between 0 and 1", "e.g. [0.1, 0.5, 0.9]")
+    endpoint = s.get("endpoint") or ""
+    if endpoint and not (isinstance(endpoint, str) and URL.match(endpoint)):
+        problems.append(f"benchmark_endpoint = {_show(re.sub(r'//[^/@]*@', '//<credentials>@', str(endpoint)))}: "
+                        "must be a base URL such as https://spark-0:30000 without credentials or path. Fix: put the key "
+                        "in server_api_key (or benchmark_api_key), or leave it empty for the head's endpoint.")
+    compare = s.get("compare") or ""
+    if compare:
+        why = compare_problem(compare)
+        if why:
+            problems.append(f"benchmark_compare (benchmark_compare) = {_show(compare)} {why}. Fix: name a "
+                            "reports/benchmark-*.json file that an earlier playbooks/benchmark.yml run wrote, or leave it empty.")
+    return problems
+
+
+def _server_args(slurped):
+    """{flag: value} of the head's server-args.json as slurped (empty when it could not be read)."""
+    if not isinstance(slurped, dict) or "content" not in slurped:
+        return {}
+    try:
+        args = json.loads(base64.b64decode(slurped["content"]).decode())
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return {}
+    out = {}
+    for i, token in enumerate(args):
+        if isinstance(token, str) and token.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[token[2:]] = nxt if isinstance(nxt, str) and not nxt.startswith("--") else True
+    return out
+
+
+def auto_levels(limit):
+    """1, 2, 4, ... below max-running-requests, then max-running-requests, then one beyond (queueing)."""
+    levels = []
+    n = 1
+    while n < limit:
+        levels.append(n)
+        n *= 2
+    return levels + [limit, limit + 1]
+
+
+def benchmark_cells(s, slurped=None):
+    """The plan: server settings, levels and, per prompt size and level, the requests to send."""
+    args = _server_args(slurped)
+    problems = []
+    context = _int(s.get("context_length")) or _int(args.get("context-length"))
+    limit = _int(s.get("max_running_requests")) or _int(args.get("max-running-requests"))
+    if not context or not limit:
+        where = (slurped or {}).get("source") or "the head's server-args.json"
+        reason = (slurped or {}).get("msg") or "it names no --context-length or --max-running-requests"
+        problems.append(f"the server's context-length and max-running-requests are unknown: {where} could not be read "
+                        f"({str(reason).strip()}). Fix: deploy with playbooks/server.yml, or set "
+                        "benchmark_context_length and benchmark_max_running_requests to the server's values.")
+        return {"problems": problems, "cells": []}
+    levels = auto_levels(limit) if s["concurrency"] == "auto" else [int(v) for v in s["concurrency"]]
+    max_tokens = int(s["max_tokens"])
+    sizes = {"short": int(s["short_tokens"]), "medium": int(s["medium_tokens"]),
+             "long": int(context * float(s["long_fraction"])) - max_tokens}
+    for prompt in s["prompts"]:
+        if sizes[prompt] < 1 or sizes[prompt] + max_tokens >= context:
+            var = "long_fraction" if prompt == "long" else f"{prompt}_tokens"
+            problems.append(f"benchmark_{var}: a {prompt} prompt of {sizes[prompt]} tokens plus "
+                            f"benchmark_max_tokens {max_tokens} does not fit the server's context-length {context}. "
+                            "Fix: a smaller prompt or fewer output tokens.")
+    recall = None
+    if s.get("recall"):
+        recall_max = int(s["recall_max_tokens"])
+        # A margin for the tokenizer estimate: the check must not be refused for its length.
+        tokens = min(int(context * float(s["recall_fraction"])), int(context * 0.98) - recall_max)
+        if tokens < 200:
+            problems.append(f"benchmark_recall_max_tokens = {recall_max}: leaves no room for the recall prompt in "
+                            f"context-length {context}. Fix: fewer tokens, or benchmark_recall: false.")
+        recall = {"prompt_tokens": tokens, "max_tokens": recall_max,
+                  "depths": [float(d) for d in s["recall_depths"]]}
+    cells = []
+    budget = int(s["max_requests"])
+    for prompt in s["prompts"]:
+        for level in levels:
+            want = max(int(s["min_requests"]), int(s["rounds"]) * level)
+            take = min(want, budget)
+            budget -= take
+            cell = {"prompt": prompt, "prompt_tokens": sizes[prompt], "concurrency": level, "requests": take,
+                    "label": f"concurrency {level}, {prompt} prompts ({sizes[prompt]} tokens)"}
+            if take < 1:
+                cell["skipped"] = "the total request cap (benchmark_max_requests) was spent"
+            cells.append(cell)
+    for n, cell in enumerate(cells, 1):
+        cell["n"] = n
+        cell["file"] = f"level-{n:03d}.json"
+    return {"problems": problems, "cells": cells, "levels": levels, "context_length": context,
+            "max_running_requests": limit, "recall": recall,
+            "compare": os.path.abspath(os.path.expanduser(s["compare"])) if s.get("compare") else "",
+            "requests": sum(c["requests"] for c in cells)}
+
+
+def benchmark_line(result, cell, total, elapsed):
+    """One progress line for a measured level."""
+    head = f"level {cell['n']}/{total}: {cell['label']}"
+    if cell.get("skipped") or result.get("skipped"):
+        return f"{head}: skipped, {cell.get('skipped') or result.get('skipped')}"
+    s = result.get("summary") or {}
+    errors = ", ".join(f"{k} {v}" for k, v in sorted((s.get("errors") or {}).items())) or "no errors"
+
+    def f(value, digits=0):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    return (f"{head}: {s.get('requests')} requests, {s.get('ok')} ok, {errors}; TTFT p50/p99 "
+            f"{f(s['ttft_ms']['p50'])}/{f(s['ttft_ms']['p99'])} ms; ITL p50 {f(s['itl_ms']['p50'], 1)} ms; "
+            f"{f(s['decode_tok_s_per_stream']['p50'], 1)} tok/s per stream, {f(s.get('output_tok_s'), 1)} tok/s in all, "
+            f"{f(s.get('requests_per_s'), 2)} req/s; {elapsed:.0f} s elapsed")
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "benchmark_problems": benchmark_problems,
+            "benchmark_cells": benchmark_cells,
+            "benchmark_line": benchmark_line,
+        }

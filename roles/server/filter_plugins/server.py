@@ -1,0 +1,1111 @@
+"""Validation and argument rendering for the server flag model.
+
+The data (defaults, kinds, ranges, guard rails, the model's shape) lives in
+the spark role's vars/main.yml as ``spark_flag_model``; this module only
+interprets it, so the unit, server-args.json, the inventory check every
+playbook runs first and the assert share one computation.
+
+Validation collects every problem instead of stopping at the first one: an
+operator fixing one error per 20-minute model load would never finish.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import difflib
+import ipaddress
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+
+# Values end up unquoted in a systemd ExecStart line: whitespace, quotes, `$`,
+# `%` (systemd specifiers), `\` and `;` would change what docker receives.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+,=-]+$")
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
+FLOAT_TEXT = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+DOCKER_SIZE = re.compile(r"^[0-9]+[bkmgBKMG]$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# An optional registry host (with its port) before the repository path, and an optional tag.
+IMAGE_REF = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?$")
+UNIT_NAME = re.compile(r"^[A-Za-z0-9_.@-]+\.service$")
+IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+HCA = re.compile(r"^[A-Za-z0-9_]+(:[0-9]+)?$")
+
+OVR = "server_flag_overrides"
+PROFILE = "server_profile"
+PROFILES = "server_profiles"
+ACK = "server_acknowledge_backend_change"
+
+
+def _show(value):
+    """Render a value the way the operator typed it in YAML."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+def _is_bool(value):
+    return isinstance(value, bool)
+
+
+def _as_int(value):
+    if _is_bool(value):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and INT_TEXT.match(value.strip()):
+        return int(value.strip())
+    return None
+
+
+def _as_float(value):
+    if _is_bool(value):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and FLOAT_TEXT.match(value.strip()):
+        return float(value.strip())
+    return None
+
+
+def _fmt_number(value):
+    if isinstance(value, float):
+        return repr(value).rstrip("0").rstrip(".") if "." in repr(value) else repr(value)
+    return str(value)
+
+
+def _index(model):
+    flags = {}
+    aliases = {}
+    for spec in model["flags"]:
+        flags[spec["name"]] = spec
+        for alias in spec.get("aliases", []):
+            aliases[alias] = spec["name"]
+    return flags, aliases
+
+
+def _vocabulary(model):
+    flags, aliases = _index(model)
+    return sorted(set(flags) | set(aliases) | set(model.get("known", [])) | set(model.get("secrets", {})))
+
+
+def _check_override(name, value, spec, ack, errors):
+    """Validate one override of a flag the model describes; return the normalised value."""
+    where = f"{OVR}[{name!r}] = {_show(value)}"
+    kind = spec["kind"]
+    dropped = value is None or value is False
+    default = spec.get("default")
+
+    if spec.get("acknowledge") and not ack:
+        changed = dropped or (kind != "switch" and str(value) != str(default)) or (kind == "switch" and value is not True)
+        if changed:
+            action = "drops" if dropped else "changes"
+            errors.append(
+                f"{where}: this {action} the load-bearing --{name} {'switch' if kind == 'switch' else _show(default)} "
+                f"({spec.get('why', 'field-tested on sm_121')}); on GB10 (sm_121) the seed's backend set is load-bearing "
+                f"and a change fails at start-up or misbehaves later. Fix: remove '{name}' from {OVR}, or set "
+                f"{ACK}: true if you know why this change works on sm_121."
+            )
+            return None
+
+    if dropped:
+        if spec.get("keep"):
+            errors.append(
+                f"{where}: drops --{name} ({' '.join(spec['keep'].split())}). Fix: give a value instead "
+                f"(the seed uses {_show(default)}), or remove '{name}' from {OVR}."
+            )
+        return None
+
+    if kind == "switch":
+        if value is not True:
+            errors.append(f"{where}: --{name} is a bare switch. Fix: use true to set it or false to drop it.")
+        return True
+    if kind in ("int", "float"):
+        parse, wanted = (_as_int, "a whole number") if kind == "int" else (_as_float, "a number")
+        article = "an integer" if kind == "int" else "a number"
+        number = parse(value)
+        if number is None:
+            errors.append(
+                f"{where}: --{name} takes {wanted}. Fix: give {article} between {spec['min']} and "
+                f"{spec['max']}."
+            )
+            return None
+        if not spec["min"] <= number <= spec["max"]:
+            errors.append(
+                f"{where}: --{name} must be between {spec['min']} and {spec['max']}. Fix: choose a value "
+                "in that range."
+            )
+            return None
+        return number
+    # choice / string
+    if _is_bool(value) or not isinstance(value, (str, int, float)):
+        errors.append(
+            f"{where}: --{name} takes a single word value. Fix: give a string such as {_show(default)}."
+        )
+        return None
+    text = str(value)
+    choices = spec.get("choices")
+    if choices and text not in choices:
+        errors.append(
+            f"{where}: --{name} accepts only {', '.join(choices)}. Fix: pick one of those (the seed uses "
+            f"{_show(default)})."
+        )
+        return None
+    if not SAFE_VALUE.match(text):
+        errors.append(
+            f"{where}: the value contains characters that cannot go unquoted onto the unit's command "
+            "line. Fix: use letters, digits and ._:/@+,=- only."
+        )
+        return None
+    return text
+
+
+def _check_extra(name, value, errors):
+    """Validate an override of a flag outside the model (passed through as typed)."""
+    where = f"{OVR}[{name!r}] = {_show(value)}"
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    if isinstance(value, (int, float)):
+        return _fmt_number(value)
+    if isinstance(value, str) and SAFE_VALUE.match(value):
+        return value
+    if isinstance(value, str):
+        errors.append(
+            f"{where}: the value contains characters that cannot go unquoted onto the unit's command "
+            "line. Fix: use letters, digits and ._:/@+,=- only."
+        )
+    else:
+        errors.append(
+            f"{where}: --{name} needs a single scalar value. Fix: give a string or number, true for a "
+            "bare switch, false to drop it."
+        )
+    return None
+
+
+def _check_overrides(model, overrides, ack, errors):
+    """Return {name: value-or-None} for every flag in launch order plus extras."""
+    flags, aliases = _index(model)
+    secrets = model.get("secrets", {})
+    known = set(model.get("known", []))
+    vocabulary = _vocabulary(model)
+    cutoff = float(model.get("typo_cutoff", 0.8))
+
+    effective = {spec["name"]: spec.get("default") for spec in model["flags"] if spec["kind"] != "derived"}
+    extras = {}
+
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, Mapping):
+        errors.append(
+            f"{OVR} = {_show(overrides)}: must be a mapping from flag name (without dashes) to value. "
+            f"Fix: e.g. {OVR}: {{context-length: 32768}}."
+        )
+        return effective, extras
+
+    for raw_name, value in overrides.items():
+        name = str(raw_name)
+        where = f"{OVR}[{name!r}] = {_show(value)}"
+        if name.startswith("-"):
+            errors.append(
+                f"{where}: flag names are given without the leading dashes. Fix: use {name.lstrip('-')!r} "
+                "as the key."
+            )
+            continue
+        canonical = aliases.get(name, name)
+        if canonical in flags and flags[canonical]["kind"] == "derived":
+            errors.append(
+                f"{where}: --{name} is a topology flag the role derives, never set by hand (a wrong rank, size or address "
+                f"hangs or corrupts every rank). Fix: remove it from {OVR}; it comes from {flags[canonical]['from'].strip()}."
+            )
+            continue
+        if canonical in flags:
+            effective[canonical] = _check_override(canonical, value, flags[canonical], ack, errors)
+            continue
+        if name in secrets:
+            errors.append(
+                f"{OVR}[{name!r}] = <redacted>: a secret on the command line is visible in ps, the unit file and "
+                f"server-args.json. Fix: remove it from {OVR} and set {secrets[name]} (it goes to the 0600 env file)."
+            )
+            continue
+        if name in known:
+            extras[name] = _check_extra(name, value, errors)
+            continue
+        if not FLAG_NAME.match(name.replace("_", "-").lower()):
+            errors.append(
+                f"{where}: {name!r} is not a flag name. Fix: use the long option without dashes, e.g. "
+                "'context-length'."
+            )
+            continue
+        dashed = name.replace("_", "-")
+        if dashed != name and dashed in vocabulary:
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag; did you mean '{dashed}'? Fix: "
+                "SGLang flags use dashes, rename the key."
+            )
+            continue
+        prefixed = [known_name for known_name in vocabulary if known_name.startswith(name)]
+        if prefixed:
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag but argparse would silently take it as an "
+                f"abbreviation of --{prefixed[0]}; did you mean '{prefixed[0]}'? Fix: use the full flag name."
+            )
+            continue
+        close = difflib.get_close_matches(name, vocabulary, n=1, cutoff=cutoff)
+        if close:
+            errors.append(
+                f"{where}: --{name} is not a sglang.launch_server flag (SGLang would refuse to start); "
+                f"did you mean '{close[0]}'? Fix: rename the key to '{close[0]}'."
+            )
+            continue
+        # A flag the model does not know may still exist in the per-model image.
+        extras[name] = _check_extra(name, value, errors)
+
+    return effective, extras
+
+
+def _with_profile(ctx, model, ack, errors):
+    """server_flag_overrides on top of the flags of the selected profile (built-in `default`: the seed)."""
+    overrides = ctx.get(OVR)
+    name = ctx.get(PROFILE)
+    name = "default" if name in (None, "") else name
+    profiles = ctx.get(PROFILES)
+    profiles = {} if profiles is None else profiles
+    if not isinstance(profiles, Mapping):
+        errors.append(
+            f"{PROFILES} = {_show(profiles)}: must be a mapping from profile name to flag overrides. Fix: e.g. "
+            f"{PROFILES}: {{ctx131072-req2: {{context-length: 131072, max-running-requests: 2}}}} (playbooks/tune.yml "
+            "writes such a file)."
+        )
+        return overrides
+    if "default" in profiles:
+        errors.append(
+            f"{PROFILES}['default']: `default` is the built-in profile, the seed's point (context-length 65536, "
+            "max-running-requests 2). Fix: give your profile another name."
+        )
+    if not isinstance(name, str) or (name != "default" and name not in profiles):
+        errors.append(
+            f"{PROFILE} = {_show(name)}: no such profile. Fix: choose one of "
+            f"{', '.join(['default'] + sorted(map(str, profiles)))}, or add it to {PROFILES} (playbooks/tune.yml writes "
+            "a file of them to keep in the inventory)."
+        )
+        return overrides
+    if name == "default":
+        return overrides
+    flags = profiles[name]
+    where = f"{PROFILES}[{name!r}]"
+    if not isinstance(flags, Mapping):
+        errors.append(f"{where} = {_show(flags)}: must be a mapping of flag overrides. Fix: e.g. {{context-length: 131072}}.")
+        return overrides
+    # The profile's flags meet the same guard rails; a problem names the profile.
+    found = []
+    _check_overrides(model, flags, ack, found)
+    errors += [message.replace(OVR, where) for message in found]
+    if found or not isinstance(overrides, Mapping):
+        return overrides
+    for flag in flags:
+        if flag in overrides and str(overrides[flag]) != str(flags[flag]):
+            errors.append(
+                f"{OVR}[{flag!r}] = {_show(overrides[flag])}, but {PROFILE} = {name!r} sets {flag} = {_show(flags[flag])}: "
+                f"two values for one flag. Fix: remove '{flag}' from {OVR}, or choose another profile."
+            )
+    return {**flags, **overrides}
+
+
+def _check_combinations(model, effective, errors):
+    for spec in model["flags"]:
+        name = spec["name"]
+        if "require" not in spec:
+            continue
+        value = effective.get(name)
+        if value == spec["require"]:
+            continue
+        messages = spec.get("messages", {})
+        detail = messages.get(str(value), spec.get("why", "")).strip()
+        if value is None:
+            errors.append(
+                f"{OVR}[{name!r}] drops --{name}: {spec['why'].strip()}. Fix: remove '{name}' from {OVR} "
+                f"(the default is {spec['require']})."
+            )
+        else:
+            errors.append(
+                f"{OVR}[{name!r}] = {_show(value)}: {detail}. Fix: set '{name}' to {spec['require']!r} or remove it "
+                f"from {OVR}."
+            )
+
+    tilelang = [n for n in ("dsa-prefill-backend", "dsa-decode-backend") if effective.get(n) == "tilelang"]
+    for spec in model["flags"]:
+        if not spec.get("bfloat16_with_tilelang") or not tilelang:
+            continue
+        value = effective.get(spec["name"])
+        if value in ("bfloat16", "bf16"):
+            continue
+        shown = "dropped (SGLang then picks the dtype itself)" if value is None else f"= {_show(value)}"
+        errors.append(
+            f"{OVR}[{spec['name']!r}] {shown}: the tilelang DSA kernels ({', '.join('--' + n for n in tilelang)}) "
+            f"need a bfloat16 KV cache on sm_121. Fix: keep kv-cache-dtype bfloat16 (remove it from {OVR})."
+        )
+
+
+def _check_model_dir(model_dir, errors):
+    var = "server_model_dir"
+    if not isinstance(model_dir, str) or not model_dir:
+        errors.append(
+            f"{var} = {_show(model_dir)}: must be the absolute path of the checkpoint directory on the "
+            "nodes. Fix: e.g. /opt/models/glm53 (set spark_model_dir)."
+        )
+        return None
+    if REPO_ID.match(model_dir) and not model_dir.startswith("."):
+        errors.append(
+            f"{var} = {_show(model_dir)}: this looks like a Hugging Face repo id, but the engine opens "
+            f"os.path.join(model_path, 'processor_config.json') directly and fails with a file-missing error. "
+            f"Fix: download it first (hf download {model_dir} --local-dir /opt/models/glm53) and set "
+            "spark_model_dir to that absolute directory."
+        )
+        return None
+    if not model_dir.startswith("/"):
+        errors.append(
+            f"{var} = {_show(model_dir)}: a relative path depends on the unit's working directory. Fix: "
+            "give the absolute directory, e.g. /opt/models/glm53."
+        )
+        return None
+    if not SAFE_PATH.match(model_dir):
+        errors.append(
+            f"{var} = {_show(model_dir)}: contains whitespace or shell/systemd metacharacters that would "
+            "break the docker -v mount. Fix: use a path of letters, digits and ._/+- only."
+        )
+        return None
+    normal = posixpath.normpath(model_dir)
+    if model_dir != "/" and model_dir.endswith("/"):
+        errors.append(
+            f"{var} = {_show(model_dir)}: ends in a slash, so its last component (the served model name, and the "
+            "name of the checkpoint record and stamp beside it) would be empty. Fix: drop the trailing slash, "
+            f"e.g. {normal if normal != '/' else '/opt/models/glm53'} (set spark_model_dir)."
+        )
+        return None
+    if normal != model_dir and ".." not in model_dir.split("/"):
+        # The checkpoint role names its record and stamp after the path as written.
+        errors.append(
+            f"{var} = {_show(model_dir)}: not written in its normal form, so the roles would name the checkpoint's "
+            f"record and stamp after different spellings. Fix: {normal} (set spark_model_dir)."
+        )
+        return None
+    if normal == "/" or ".." in model_dir.split("/") or normal.count("/") < 2:
+        errors.append(
+            f"{var} = {_show(model_dir)}: must name the checkpoint directory itself, at least two levels deep (its "
+            "record, stamp and partial files go beside it, in its parent). Fix: e.g. /opt/models/glm53."
+        )
+        return None
+    return normal
+
+
+def _check_topology(ctx, errors):
+    """Return (nodes, head) from the inventory, or (None, None) when it is unusable."""
+    head_group = list(ctx.get("head_group") or [])
+    workers = list(ctx.get("worker_group") or [])
+    head_name = ctx.get("head_group_name") or "spark_head"
+    workers_name = ctx.get("worker_group_name") or "spark_workers"
+    host = ctx.get("inventory_hostname")
+    ok = True
+    if len(head_group) != 1:
+        errors.append(
+            f"inventory group {head_name} = {head_group}: it must hold exactly one host (rank 0, which serves HTTP and "
+            f"hosts --dist-init-addr). Fix: put exactly one host in {head_name} and the others in {workers_name}."
+        )
+        ok = False
+    both = sorted(set(head_group) & set(workers))
+    if both:
+        errors.append(
+            f"inventory groups {head_name} and {workers_name} both hold {both}: a host can hold one rank "
+            "only. Fix: keep each host in one of the two groups."
+        )
+        ok = False
+    if len(set(workers)) != len(workers):
+        errors.append(
+            f"inventory group {workers_name} = {workers}: lists a host twice. Fix: list each worker once."
+        )
+        ok = False
+    nodes = head_group + [w for w in workers if w not in head_group]
+    if host not in nodes:
+        errors.append(
+            f"inventory host {host!r} is in neither {head_name} nor {workers_name}, so it has no rank. Fix: "
+            f"add it to {workers_name} or leave it out of the play."
+        )
+        ok = False
+    fabric = ctx.get("fabric_ips") or {}
+    managed = ctx.get("ansible_hosts") or {}
+    owners = {}
+    for node in nodes:
+        ip = fabric.get(node)
+        try:
+            address = ipaddress.IPv4Address(str(ip))
+        except ValueError:
+            errors.append(
+                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: every rank needs the IPv4 address of its fabric "
+                f"link (NCCL binds to it, the head's is --dist-init-addr). Fix: set spark_fabric_ip for {node} in the inventory."
+            )
+            ok = False
+            continue
+        owners.setdefault(str(address), []).append(node)
+        if str(managed.get(node, node)) == str(address):
+            errors.append(
+                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: equals its ansible_host, the management address, so "
+                "the ranks would rendezvous and exchange tensors over the management network (and the fabric role would "
+                f"move that address onto the fabric port). Fix: give {node} its address on the direct ConnectX-7 link "
+                "(DGX default 192.168.100.x) as spark_fabric_ip."
+            )
+            ok = False
+    for address, holders in sorted(owners.items()):
+        if len(holders) > 1:
+            errors.append(
+                f"spark_fabric_ip {address} of {holders[0]} is also the address of {', '.join(holders[1:])}: two nodes "
+                "with one address answer for each other and the ranks cannot rendezvous. Fix: give every host a "
+                "distinct spark_fabric_ip in the inventory."
+            )
+            ok = False
+    if not ok:
+        return None, None
+    return nodes, head_group[0]
+
+
+def _model_config(read):
+    """config.json as a mapping: given as one, or as the result of slurping it on the node ({} when unreadable)."""
+    if isinstance(read, Mapping) and "content" in read:
+        try:
+            read = json.loads(base64.b64decode(read["content"]))
+        except (ValueError, binascii.Error, TypeError):
+            return {}
+    return read if isinstance(read, Mapping) else {}
+
+
+def _check_shape(ctx, model, nodes, errors):
+    """The group must be able to shard and hold the model: heads divisible by --tp-size, weights in memory."""
+    gpus = _as_int(ctx.get("server_gpus_per_node"))
+    if not nodes or gpus is None or gpus < 1:
+        return
+    shape = model.get("model") or {}
+    tp = len(nodes) * gpus
+    workers_name = ctx.get("worker_group_name") or "spark_workers"
+    source = "the model's documented figures"
+    heads = {"attention heads": shape.get("attention_heads"), "KV heads": shape.get("kv_heads")}
+    read = _model_config(ctx.get("model_config"))
+    if read.get("num_attention_heads"):
+        source = "the checkpoint's config.json"
+        heads = {"attention heads": read.get("num_attention_heads"),
+                 "KV heads": read.get("num_key_value_heads") or read.get("num_attention_heads")}
+    bad = {what: n for what, n in heads.items() if isinstance(n, int) and n % tp}
+    if bad:
+        errors.append(
+            f"inventory: {len(nodes)} node(s) x server_gpus_per_node {gpus} gives --tp-size {tp}, which does not "
+            f"divide {' and '.join(f'the {n} {what}' for what, n in bad.items())} ({source}): tensor parallelism splits "
+            f"every layer's heads evenly across the ranks, and SGLang refuses this split at start-up. Fix: use a node "
+            f"count that divides them (2 DGX Sparks for this model) in {workers_name}."
+        )
+    size = _as_int(ctx.get("checkpoint_bytes"))
+    memory = _as_int(shape.get("gpu_memory_bytes"))
+    if len(nodes) == 1 and ctx.get("acknowledge_single_node") is not True:
+        fits = f"{size / 2**30:.0f} GiB" if size else "the checkpoint"
+        errors.append(
+            f"inventory: one node ({nodes[0]}) gives --tp-size {tp}: {fits} (spark_checkpoint_bytes) does not fit one GB10's "
+            f"{(memory or 128e9) / 1e9:.0f} GB of unified memory; GLM-5.3-Flash-NVFP4 needs two DGX Sparks. Fix: add the "
+            f"second node to {workers_name}, or set spark_acknowledge_single_node: true for a checkpoint that fits one node."
+        )
+
+
+def _check_supervision(ctx, nodes, errors):
+    """The supervisor on the head reaches the workers over the fabric SSH trust; without it it could never restart them."""
+    if ctx.get("server_supervised") is True and ctx.get("peer_ssh") is False and nodes and len(nodes) > 1:
+        errors.append(
+            "supervisor_enabled = true with fabric_ssh_trust = false: the group supervisor on the head reads and "
+            "restarts the workers' ranks over the fabric SSH trust, so it would find them unreachable and hold the group "
+            "stopped. Fix: keep fabric_ssh_trust true, or set supervisor_enabled: false (each rank then restarts "
+            "itself, Restart=on-failure)."
+        )
+
+
+# Shorter keys can be guessed or brute-forced by anyone who reaches the port.
+API_KEY_MIN = 32
+PEM_MARKERS = {"certificate": ("-----BEGIN CERTIFICATE-----",), "key": ("-----BEGIN ", "PRIVATE KEY-----")}
+SAN = re.compile(r"^(DNS:[A-Za-z0-9*][A-Za-z0-9.*-]*|IP:[0-9A-Fa-f:.]+)$")
+
+
+def _check_pem(var, path, kind, errors):
+    """A controller file nginx (or a client) will read: absolute, there, readable, PEM of the right kind."""
+    fix = f"Fix: give the absolute controller path of a readable PEM {kind} file, or leave {var} empty"
+    if not isinstance(path, str) or not path.startswith("/"):
+        errors.append(f"{var} = {_show(path)}: not an absolute path on the controller (the role copies the file from "
+                      f"the machine running Ansible). {fix}.")
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16).decode("ascii", errors="replace")
+    except FileNotFoundError:
+        errors.append(f"{var} = {_show(path)}: no such file on the controller. {fix}.")
+        return
+    except OSError as err:
+        errors.append(f"{var} = {_show(path)}: cannot be read on the controller ({err.strerror or err}). {fix}.")
+        return
+    if not all(marker in head for marker in PEM_MARKERS[kind]):
+        errors.append(f"{var} = {_show(path)}: not a PEM {kind} (no {' ... '.join(PEM_MARKERS[kind])} line), so nginx "
+                      f"would refuse to start. {fix}.")
+
+
+def _check_access(ctx, port, dist, errors):
+    """The API key and TLS settings: secure by default, and refused up front when they cannot work."""
+    key = ctx.get("server_api_key")
+    if isinstance(key, str) and key and not any(c in key for c in "\r\n\x00"):
+        # The value is a secret: only its length is ever shown.
+        if len(key) < API_KEY_MIN:
+            errors.append(
+                f"server_api_key = <redacted, {len(key)} characters>: shorter than {API_KEY_MIN} characters, "
+                "so anyone who reaches the port could guess it. Fix: leave it empty (a 48-character key is generated "
+                "on the controller beside the inventory and reused), or set at least 32 random characters "
+                "(e.g. openssl rand -hex 24), vaulted."
+            )
+        elif any(c.isspace() for c in key):
+            errors.append(
+                f"server_api_key = <redacted, {len(key)} characters>: contains whitespace, which clients and the "
+                "env file do not carry reliably in an Authorization header. Fix: use a key without spaces or tabs."
+            )
+    flags = {}
+    for var in ("server_allow_unauthenticated", "server_tls"):
+        value = ctx.get(var, False)
+        # What Ansible's bool filter takes (-e server_tls=true arrives as a string).
+        text = str(value).strip().lower()
+        flags[var] = value if isinstance(value, bool) else text in ("true", "yes", "on", "1")
+        if not isinstance(value, bool) and text not in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            errors.append(f"{var} = {_show(value)}: must be true or false. Fix: use a YAML boolean.")
+    credentials = ctx.get("server_credentials_dir") or ""
+    if not isinstance(credentials, str) or (credentials and not credentials.startswith("/")):
+        errors.append(
+            f"server_credentials_dir = {_show(credentials)}: the generated key and CA would land in a directory "
+            "that depends on where each controller task runs. Fix: give an absolute controller path, or leave it empty "
+            "for <inventory_dir>/.credentials."
+        )
+    if not flags["server_tls"]:
+        return None
+    backend = _as_int(ctx.get("server_tls_backend_port"))
+    if backend is None or not 1 <= backend <= 65535:
+        errors.append(
+            f"server_tls_backend_port = {_show(ctx.get('server_tls_backend_port'))}: SGLang's own port "
+            "behind nginx must be a TCP port number. Fix: give a whole number between 1 and 65535 (default 30001)."
+        )
+        backend = None
+    elif backend in (port, dist):
+        clash = "server_port (nginx listens there)" if backend == port else "server_dist_init_port"
+        errors.append(
+            f"server_tls_backend_port = {backend}: equals {clash}, and both listen on the head. Fix: choose "
+            "another port (default 30001)."
+        )
+    cert, tls_key = ctx.get("server_tls_cert") or "", ctx.get("server_tls_key") or ""
+    if bool(cert) != bool(tls_key):
+        given, missing = ("server_tls_cert", "server_tls_key") if cert else \
+            ("server_tls_key", "server_tls_cert")
+        errors.append(
+            f"{missing} = '': {given} is set, but nginx needs the certificate and its key as a pair. Fix: set "
+            f"{missing} too, or leave both empty to have a CA and a certificate generated beside the inventory."
+        )
+    if cert:
+        _check_pem("server_tls_cert", cert, "certificate", errors)
+    if tls_key:
+        _check_pem("server_tls_key", tls_key, "key", errors)
+    if ctx.get("server_tls_ca"):
+        _check_pem("server_tls_ca", ctx["server_tls_ca"], "certificate", errors)
+    sans = ctx.get("server_tls_subject_alt_names")
+    if sans is None:
+        sans = []
+    if isinstance(sans, str) or not isinstance(sans, (list, tuple)) or not all(isinstance(n, str) and SAN.match(n) for n in sans):
+        errors.append(
+            f"server_tls_subject_alt_names = {_show(sans)}: must be a list of DNS:name or IP:address entries. "
+            "Fix: e.g. ['DNS:llm.example.org', 'IP:10.0.0.10'], or []."
+        )
+    return backend
+
+
+def _check_image_tag(image, digest, errors):
+    """A moving tag lets two nodes (or two runs) pull different images."""
+    if not isinstance(image, str) or not IMAGE_REF.match(image) or digest:
+        return
+    name = image.rsplit("/", 1)[-1]
+    tag = name.split(":", 1)[1] if ":" in name else ""
+    if tag in ("", "latest"):
+        errors.append(
+            f"server_image = {_show(image)}: {'no tag means :latest' if not tag else ':latest'}, a tag that "
+            "moves, so nodes pulling at different times run different images, and the generic image lacks the "
+            "glm5_next model code. Fix: the per-model arm64 image lmsysorg/sglang:glm-5.3-flash-arm64, or pin a digest "
+            "with server_image_digest."
+        )
+
+
+def _check_scalars(ctx, errors):
+    def need_int(var, low, high, why):
+        value = ctx.get(var)
+        number = _as_int(value)
+        if number is None or not low <= number <= high:
+            errors.append(
+                f"{var} = {_show(value)}: {why}. Fix: give a whole number between {low} and {high}."
+            )
+            return None
+        return number
+
+    port = need_int("server_port", 1, 65535, "the head's HTTP port must be a TCP port number")
+    dist = need_int("server_dist_init_port", 1, 65535, "the rendezvous port must be a TCP port number")
+    if port is not None and port == dist:
+        errors.append(
+            f"server_dist_init_port = {dist}: equals server_port, and both listen on the "
+            "head. Fix: choose another port for one of them."
+        )
+    need_int("server_gpus_per_node", 1, 8, "a DGX Spark has one GB10 GPU")
+    need_int("server_readiness_timeout", 60, 86400, "the wait for the head's /v1/models is in seconds")
+    need_int("server_stop_timeout", 1, 3600, "docker stop's grace period is in seconds")
+
+    for var in ("server_container_memory", "server_shm_size"):
+        value = ctx.get(var)
+        if not isinstance(value, str) or not DOCKER_SIZE.match(value):
+            errors.append(
+                f"{var} = {_show(value)}: docker expects a size such as 120g. Fix: a number followed by "
+                "b, k, m or g."
+            )
+
+    image = ctx.get("server_image")
+    if not isinstance(image, str) or not IMAGE_REF.match(image):
+        errors.append(
+            f"server_image = {_show(image)}: not a docker image reference. Fix: e.g. "
+            "lmsysorg/sglang:glm-5.3-flash-arm64."
+        )
+    digest = ctx.get("server_image_digest")
+    if digest and (not isinstance(digest, str) or not DIGEST.match(digest)):
+        errors.append(
+            f"server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex "
+            "digits. Fix: copy the RepoDigest's sha256 part, or leave it empty."
+        )
+    _check_image_tag(image, digest, errors)
+
+    unit = ctx.get("spark_unit_name")
+    if not isinstance(unit, str) or not UNIT_NAME.match(unit):
+        errors.append(
+            f"spark_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. "
+            "sglang.service."
+        )
+
+    host = ctx.get("server_host")
+    try:
+        ipaddress.ip_address(str(host))
+    except ValueError:
+        errors.append(
+            f"server_host = {_show(host)}: the HTTP bind address must be an IP address. Fix: "
+            "0.0.0.0, or the head's address."
+        )
+
+    ifname = ctx.get("server_fabric_interface")
+    if not isinstance(ifname, str) or not IFNAME.match(ifname):
+        errors.append(
+            f"server_fabric_interface = {_show(ifname)}: NCCL/Gloo/TP need the fabric link's "
+            "interface name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1)."
+        )
+
+    hca = ctx.get("server_nccl_ib_hca")
+    if hca is None:
+        hca = []
+    if isinstance(hca, str) or not isinstance(hca, (list, tuple)) or not all(isinstance(h, str) and HCA.match(h) for h in hca):
+        errors.append(
+            f"server_nccl_ib_hca = {_show(hca)}: must be a list of HCA names such as ['mlx5_0']. "
+            "Fix: give a list, or [] to let NCCL choose."
+        )
+
+    key = ctx.get("server_api_key")
+    if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n\x00")):
+        # The value itself is a secret: never quote it.
+        errors.append(
+            "server_api_key = <redacted>: must be a single-line string (it becomes one line of "
+            "the env file). Fix: remove line breaks from the key."
+        )
+
+    return port, dist
+
+
+BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+# What each switch does, for its refusal.
+SWITCHES = {
+    "server_rollback": "whether a change that fails readiness or verify goes back to the last good configuration",
+    "server_uninstall_images": "whether the role's uninstall removes the images the group ran",
+    "upgrade_benchmark": "whether playbooks/upgrade.yml measures the single-stream figures before and after",
+    "uninstall_images": "whether playbooks/uninstall.yml removes the pulled images too",
+    "uninstall_checkpoint": "whether playbooks/uninstall.yml removes the checkpoint too",
+}
+
+
+def _as_bool(value):
+    """What Ansible's bool filter takes (-e x=true arrives as a string); None when it is no boolean."""
+    if isinstance(value, bool):
+        return value
+    return BOOL_TEXT.get(str(value).strip().lower()) if isinstance(value, (str, int)) else None
+
+
+def _check_switches(ctx, errors):
+    for var, value in (ctx.get("switches") or {}).items():
+        if _as_bool(value) is None:
+            errors.append(f"{var} = {_show(value)}: must be true or false ({SWITCHES.get(var, 'a switch')}). "
+                          "Fix: use a YAML boolean, e.g. -e " + var + "=true.")
+
+
+def server_plan(ctx, model, hostvars=None):
+    """Validate everything and compute the launch arguments for one host.
+
+    ``hostvars`` supplies each rank's spark_fabric_ip; tests may instead put a
+    ``fabric_ips`` mapping into ``ctx``.
+
+    Returns a dict with ``errors`` (list of messages, empty when valid) and,
+    when valid, ``args`` (sglang.launch_server arguments in launch order),
+    ``rank``, ``nodes``, ``head``, ``container_model_dir``.
+    """
+    errors = []
+    ctx = dict(ctx)
+    if hostvars is not None:
+        names = list(ctx.get("head_group") or []) + list(ctx.get("worker_group") or [])
+        ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in names if n in hostvars}
+        ctx["ansible_hosts"] = {n: hostvars[n].get("ansible_host", n) for n in names if n in hostvars}
+    ack = ctx.get(ACK)
+    if not isinstance(ack, bool):
+        errors.append(f"{ACK} = {_show(ack)}: must be true or false. Fix: use a YAML boolean.")
+        ack = False
+    effective, extras = _check_overrides(model, _with_profile(ctx, model, ack, errors), ack, errors)
+    _check_combinations(model, effective, errors)
+    model_dir = _check_model_dir(ctx.get("server_model_dir"), errors)
+    nodes, head = _check_topology(ctx, errors)
+    port, dist = _check_scalars(ctx, errors)
+    _check_shape(ctx, model, nodes, errors)
+    _check_supervision(ctx, nodes, errors)
+    backend = _check_access(ctx, port, dist, errors)
+    _check_switches(ctx, errors)
+
+    plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
+    if errors:
+        return plan
+
+    gpus = _as_int(ctx["server_gpus_per_node"])
+    container_dir = posixpath.join(ctx.get("container_model_root", "/models"), posixpath.basename(model_dir))
+    rank = nodes.index(ctx["inventory_hostname"])
+    derived = {
+        "model-path": container_dir,
+        "tp-size": len(nodes) * gpus,
+        "nnodes": len(nodes),
+        "node-rank": rank,
+        "dist-init-addr": f"{ctx['fabric_ips'][head]}:{dist}",
+        # Behind nginx (TLS) SGLang listens on the head's loopback only.
+        "host": "127.0.0.1" if backend else str(ctx["server_host"]),
+        "port": backend or port,
+    }
+
+    args = []
+
+    def emit(name, value):
+        if value is None or value is False:
+            return
+        args.append(f"--{name}")
+        if value is not True:
+            args.append(_fmt_number(value) if isinstance(value, (int, float)) else str(value))
+
+    for spec in model["flags"]:
+        name = spec["name"]
+        emit(name, derived[name] if spec["kind"] == "derived" else effective.get(name))
+    for name in sorted(extras):
+        emit(name, extras[name])
+
+    # One unit line per flag; built from `args`, never separately.
+    arg_lines = []
+    for token in args:
+        if token.startswith("--") or not arg_lines:
+            arg_lines.append(token)
+        else:
+            arg_lines[-1] += " " + token
+
+    plan.update(
+        args=args,
+        arg_lines=arg_lines,
+        rank=rank,
+        container_model_dir=container_dir,
+        model_dir=model_dir,
+        tp_size=derived["tp-size"],
+        dist_init_addr=derived["dist-init-addr"],
+    )
+    return plan
+
+
+def _decode_slurp(result):
+    """(data, None) from an ansible.builtin.slurp result holding JSON, else (None, (kind, reason))
+    with kind "unread" (the slurp's message) or "json" (the decoding error)."""
+    result = result or {}
+    if result.get("failed") or "content" not in result:
+        return None, ("unread", str(result.get("msg") or "not read").strip())
+    try:
+        return json.loads(base64.b64decode(result["content"]).decode("utf-8")), None
+    except (binascii.Error, UnicodeDecodeError, ValueError) as err:
+        return None, ("json", str(err))
+
+
+def _flag_map(args):
+    """``--flag value`` tokens as an ordered flag -> value mapping (True for a switch)."""
+    flags = {}
+    name = None
+    for token in map(str, args):
+        if token.startswith("--"):
+            name = token
+            flags[name] = True
+        elif name is not None:
+            flags[name] = token if flags[name] is True else f"{flags[name]} {token}"
+    return flags
+
+
+def _args_drift(args_result, expected_args, path):
+    """How a rank's installed server-args.json differs from what the inventory renders for it.
+
+    ``args_result`` is an ansible.builtin.slurp result of ``path``;
+    ``expected_args`` the plan's ``args`` for that rank. Returns one sentence
+    per differing flag, empty when the rank runs exactly what the inventory says.
+    """
+    installed, problem = _decode_slurp(args_result)
+    if problem:
+        kind, reason = problem
+        if kind == "json":
+            return [f"{path} is not valid JSON ({reason})"]
+        return [f"{path} is missing ({reason}): the rank was never deployed by this role, or by a version that "
+                "did not record its arguments"]
+    if not isinstance(installed, list):
+        return [f"{path} is not a JSON list of arguments"]
+    have, want = _flag_map(installed), _flag_map(expected_args)
+
+    def show(value):
+        return "a switch" if value is True else _show(value)
+
+    drift = []
+    for flag, value in want.items():
+        if flag not in have:
+            drift.append(f"{flag} is not installed (the inventory gives {show(value)})")
+        elif have[flag] != value:
+            drift.append(f"{flag} is installed as {show(have[flag])}, the inventory gives {show(value)}")
+    drift += [f"{flag} ({show(have[flag])}) is installed but not in the inventory" for flag in have if flag not in want]
+    if not drift and [str(a) for a in installed] != [str(a) for a in expected_args]:
+        drift.append("the arguments are installed in another order than the role renders them")
+    return drift
+
+
+def server_rejoin_problems(reads, ctx, model, hostvars, expected):
+    """What keeps each rank outside a --limit run from restarting with the ranks in it.
+
+    ``reads`` maps ``args`` and ``state`` to the looped results (one per
+    outside rank, ``item`` = the rank) of slurping server-args.json and of
+    printing the image ID and unit state, and ``checkpoint`` to what the
+    checkpoint role's stamp entry point found on each rank ({rank:
+    [problems]}, checkpoint_stamp_problems): that role owns the stamp.
+    ``expected`` holds ``image_ref``, ``image_id`` (this run's) and
+    ``args_file``. Returns {rank: [problems]} for the ranks that may not rejoin.
+    """
+    by_rank = {}
+    for key in ("args", "state"):
+        for result in (reads.get(key) or {}).get("results", []):
+            by_rank.setdefault(result.get("item"), {})[key] = result
+    checkpoint = reads.get("checkpoint") or {}
+    for rank in checkpoint:
+        by_rank.setdefault(rank, {})
+    found = {}
+    for rank, got in by_rank.items():
+        plan = server_plan(dict(ctx, inventory_hostname=rank), model, hostvars)
+        if plan["errors"]:
+            found[rank] = plan["errors"]
+            continue
+        problems = _args_drift(got.get("args"), plan["args"], expected["args_file"])
+        lines = str((got.get("state") or {}).get("stdout", "")).splitlines()
+        image_id = next((line.strip() for line in lines if line.startswith("sha256:")), "")
+        # No ID here means check mode on a node that has not pulled yet: nothing to compare.
+        if expected["image_id"] and image_id != expected["image_id"]:
+            problems.append(
+                f"image {expected['image_ref']} is {image_id or 'not present'} there, {expected['image_id']} on the "
+                "ranks of this run"
+            )
+        problems += list(checkpoint.get(rank) or [])
+        if problems:
+            found[rank] = problems
+    return found
+
+
+def _arg(args, flag):
+    """The value after `flag` in a launch argument list, '' when absent."""
+    args = [str(a) for a in args or []]
+    return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else ""
+
+
+def server_rollback_plan(results, enabled, head):
+    """Whether the TP group goes back to its last good configuration, why not, and what it waits for then.
+
+    ``results`` are the looped results (``item``: the rank) of the server_config module's
+    ``state=read`` on every rank, ``head`` the rank that serves. A group rolls back only as one: every
+    rank must keep a last good configuration of one image, and some rank must run something else
+    (otherwise the failure is not a change's and going back would change nothing). The readiness probe
+    then waits for the model and the address the restored head's server-args.json names (a change may
+    have moved them). Returns {do, why, image, differences: {rank: [what]}, model, probe_url}.
+    """
+    out = {"do": False, "why": "", "image": {}, "differences": {}, "model": "", "probe_url": ""}
+    if not _as_bool(enabled):
+        out["why"] = "server_rollback is false: a failed change stops every rank"
+        return out
+    reads = {str(r.get("item")): r for r in results or []}
+    failed = [rank for rank, r in reads.items() if r.get("failed")]
+    if failed:
+        out["why"] = (f"the last good configuration of {', '.join(failed)} could not be read ("
+                      + "; ".join(str(reads[r].get("msg", "?")) for r in failed) + ")")
+        return out
+    kept = [rank for rank, r in reads.items() if r.get("last_good")]
+    if not kept:
+        out["why"] = "no rank keeps a last good configuration yet (a first deployment, or none has passed verify)"
+        return out
+    if len(kept) < len(reads):
+        missing = [rank for rank in reads if rank not in kept]
+        out["why"] = (f"{', '.join(missing)} keep{'s' if len(missing) == 1 else ''} no last good configuration "
+                      "(re-provisioned since the last verified deployment?): the group can only go back as one")
+        return out
+    ids = sorted({reads[rank]["last_good"].get("image_id", "") for rank in kept})
+    if len(ids) > 1:
+        out["why"] = f"the ranks keep different last good images ({', '.join(ids)}): they would not form one group"
+        return out
+    out["differences"] = {rank: list(r.get("differences") or []) for rank, r in reads.items() if r.get("differs")}
+    if not out["differences"]:
+        out["why"] = ("every rank runs its last good configuration already: the failure is not a change's, and going "
+                      "back would change nothing")
+        return out
+    args = (reads.get(str(head)) or {}).get("last_good_args") or []
+    host, port = _arg(args, "--host"), _arg(args, "--port")
+    if not host or host in ("0.0.0.0", "::"):  # noqa: S104 - a bind address read, not bound
+        host = "127.0.0.1"
+    out.update(do=True, image=reads[kept[0]]["last_good"], model=_arg(args, "--model-path"),
+               probe_url=f"http://{'[' + host + ']' if ':' in host else host}:{port or 30000}/v1/models")
+    return out
+
+
+JOURNAL_PREFIX = re.compile(r"^\S+ \S+ (\S+\[[0-9]+\]: )?")
+# Error lines of each rank that the failure quotes.
+SHOWN_LINES = 4
+
+
+def server_failure_cause(final, nodes, failure, error_lines, head):
+    """What a failed start is failed with: the one pass's summary of every rank, then the error lines of the
+    ranks that went down (the head's when every rank stayed up: a timeout), a rank whose lines repeat an
+    earlier rank's named as the same.
+
+    ``final`` maps each rank to what readiness_failed.yml read of it ({active, ended, summary, journal}),
+    ``nodes`` is the rank order, ``error_lines`` a regular expression of the journal lines that name a cause.
+    """
+    final = final or {}
+    down = sorted((h for h in nodes if h in final and not final[h].get("active")),
+                  key=lambda h: float(final[h].get("ended") or 0))
+    text = (f"SGLang did not come up ({' '.join(str(failure).split())}). Every rank as one pass read it before they "
+            "were stopped: " + "; ".join(f"{h} {final[h].get('summary', '?')}" for h in nodes if h in final))
+    if down:
+        text += f"; first to end: {down[0]}"
+    text += "."
+    pattern = re.compile(error_lines)
+    seen = {}
+    for host in down or [head]:
+        journal = [JOURNAL_PREFIX.sub("", line) for line in (final.get(host) or {}).get("journal") or []]
+        lines = ([line for line in journal if pattern.search(line)] or journal)[-SHOWN_LINES:]
+        if not lines:
+            continue
+        key = "\n".join(lines)
+        if key in seen:
+            text += f" {host}'s journal: the same as {seen[key]}'s."
+            continue
+        seen[key] = host
+        text += f" {host}'s journal: " + " | ".join(line.rstrip(".") for line in lines) + "."
+    return text
+
+
+def server_doctor_lines(results):
+    """The doctor's findings on the failed start, one host's lines each, a host whose findings repeat an
+    earlier host's named as the same. ``results`` maps each host to its doctor_result ({findings, lines})."""
+    out, seen = [], {}
+    for host, result in (results or {}).items():
+        ids = tuple((result or {}).get("findings") or [])
+        if not ids:
+            continue
+        if ids in seen:
+            out.append(f"{host}: the same ({', '.join(ids)}) as {seen[ids]}.")
+            continue
+        seen[ids] = host
+        out += [" ".join(str(line).split()) for line in (result or {}).get("lines") or []]
+    return out
+
+
+def server_install_drift(probe, expected):
+    """What the install step would change on this rank, from the one probe (library/server_state.py).
+
+    `expected`: {"files": {kind: {"sha1", "mode"}}, "dir_mode", "owner", "group", "enabled"} as the
+    install tasks would write them. [] means every file, mode, owner and the boot switch are in place,
+    so the install tasks would report no change and are skipped; anything else runs them all.
+    """
+    files = (probe or {}).get("files") or {}
+    owner, group = expected.get("owner", "root"), expected.get("group", "root")
+    out = []
+    folder = files.get("dir") or {}
+    if not folder.get("isdir") or (folder.get("mode"), folder.get("owner"), folder.get("group")) != (
+            expected.get("dir_mode"), owner, group):
+        out.append("configuration directory")
+    for kind, want in (expected.get("files") or {}).items():
+        got = files.get(kind) or {}
+        if not got.get("exists") or got.get("isdir"):
+            out.append(f"{kind} missing")
+        elif got.get("sha1") != want.get("sha1"):
+            out.append(f"{kind} content")
+        elif (got.get("mode"), got.get("owner"), got.get("group")) != (want.get("mode"), owner, group):
+            out.append(f"{kind} mode or owner")
+    state = ((probe or {}).get("unit") or {}).get("UnitFileState") or ""
+    if state != ("enabled" if _as_bool(expected.get("enabled")) else "disabled"):
+        out.append(f"start at boot ({state or 'unknown'})")
+    return out
+
+
+def server_restart_reasons(hosts, hostvars):
+    """Per rank of `hosts` that has one, why the group must restart: a newer image pulled, a changed env
+    file or unit (the install step's results), a unit that is not active. {} when none has a reason."""
+    out = {}
+    for host in hosts or []:
+        facts = hostvars[host]
+        probe = facts.get("__server_probe") or {}
+        reasons = ["a newer image was pulled"] if probe.get("changed") else []
+        for key, what in (("__server_env_result", "env file changed"),
+                          ("__server_unit_result", "unit changed")):
+            result = facts.get(key)
+            if isinstance(result, Mapping) and result.get("changed"):
+                reasons.append(what)
+        active = ((probe.get("unit") or {}).get("ActiveState")) or "inactive"
+        if active != "active":
+            reasons.append(f"unit {active}")
+        if reasons:
+            out[host] = reasons
+    return out
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "server_plan": server_plan,
+            "server_rejoin_problems": server_rejoin_problems,
+            "server_rollback_plan": server_rollback_plan,
+            "server_failure_cause": server_failure_cause,
+            "server_doctor_lines": server_doctor_lines,
+            "server_install_drift": server_install_drift,
+            "server_restart_reasons": server_restart_reasons,
+        }

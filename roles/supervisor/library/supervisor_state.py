@@ -1,0 +1,104 @@
+#!/usr/bin/python
+"""Read, in one pass, what the supervisor role installed on the head and whether its unit runs."""
+
+# Ansible module layout: the documentation blocks come before the imports.
+# ruff: noqa: E402
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: supervisor_state
+short_description: Read the supervisor's files and unit state in one pass
+description:
+  - For the supervisor role's internal use; options and return values may change with the role.
+  - Per path of O(paths) whether it exists, its SHA-1 (files), mode, owner and group; the unit's
+    C(ActiveState) and C(UnitFileState). Never returns a file's content. Reads only, in check mode too.
+version_added: "1.4.0"
+author: spark-deploy maintainers
+options:
+  paths:
+    description: Files and directories to describe.
+    type: list
+    elements: path
+    required: true
+  unit:
+    description: The supervisor's systemd unit.
+    type: str
+    required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads only.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Read the supervisor on the head
+  supervisor_state:
+    paths: [/usr/local/lib/sglang-supervisor, /etc/sglang/supervisor.json]
+    unit: sglang-supervisor.service
+"""
+
+RETURN = r"""
+paths:
+  description: Per path C(exists), C(isdir), C(sha1) (files), C(mode) ('0644'), C(owner), C(group).
+  returned: always
+  type: dict
+unit:
+  description: The unit's C(ActiveState) and C(UnitFileState).
+  returned: always
+  type: dict
+"""
+
+import grp
+import hashlib
+import os
+import pwd
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def describe(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"exists": False}
+    out = {"exists": True, "isdir": stat.S_ISDIR(st.st_mode), "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
+    try:
+        out["owner"] = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        out["owner"] = str(st.st_uid)
+    try:
+        out["group"] = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        out["group"] = str(st.st_gid)
+    if not out["isdir"]:
+        digest = hashlib.sha1()  # noqa: S324 - the checksum Ansible's file modules compare, not a secret
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        out["sha1"] = digest.hexdigest()
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={"paths": {"type": "list", "elements": "path", "required": True},
+                       "unit": {"type": "str", "required": True}},
+        supports_check_mode=True,
+    )
+    rc, out, _ = module.run_command(["systemctl", "show", module.params["unit"], "-p", "ActiveState",
+                                     "-p", "UnitFileState"])
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
+    module.exit_json(changed=False, paths={path: describe(path) for path in module.params["paths"]},
+                     unit={key: props.get(key, "") for key in ("ActiveState", "UnitFileState")})
+
+
+if __name__ == "__main__":
+    main()
