@@ -111,7 +111,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-PENDING, LAST_GOOD = "pending", "last-good"
+PENDING = "pending"
+LAST_GOOD = "last-good"
 MANIFEST = "config.json"
 # The env file may hold the API key; the others are what systemd and the doctor read anyway.
 MODES = {"unit": 0o644, "env": 0o600, "args": 0o644}
