@@ -2,7 +2,7 @@
 
 The stand-in SGLang server runs on this machine (no node, no root) with a knob-set inter-token
 latency, no per-request slowdown and a slot for every stream; the benchmark role's client
-(roles/benchmark/module_utils/benchmark_client.py, the code the playbook's module
+(plugins/module_utils/benchmark_client.py, the code the playbook's module
 runs) streams `--streams` requests at once. Measured: the inter-token latency the client reports
 (p50 of the gaps between deltas) and each stream's decode rate; baseline: the knob. A ratio near
 1 means the client timed every token as the server sent it; a client that falls behind shows
@@ -33,7 +33,7 @@ from .report import Figure, machine_facts, markdown_table, read_loadavg
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 RESULTS = REPO / "benchmarks" / "results"
-CLIENT = module_utils("benchmark", "benchmark_client")
+CLIENT = module_utils("benchmark_client")
 
 
 def parse_args(argv):

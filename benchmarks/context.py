@@ -103,8 +103,8 @@ def rounds(ctx: Context, name: str, runs: int, steps: list, order_rotates: bool 
 # ---- 1. no-change re-run of site.yml ---------------------------------------------------------------
 
 def defaults_config(ctx: Context) -> Path:
-    """Ansible's defaults, plus only what a run needs to find the project (its roles, collections and the lookup
-    the roles call) and to trust host keys.
+    """Ansible's defaults, plus only what a run needs to find the project (its roles and collections, this one
+    among them) and to trust host keys.
 
     No pipelining, the default ssh_args (-C -o ControlMaster=auto -o ControlPersist=60s, so connections
     are reused within the run), forks 5, implicit gathering (every play here says gather_facts: false),
@@ -116,7 +116,6 @@ def defaults_config(ctx: Context) -> Path:
         "[defaults]\n"
         f"roles_path = {REPO / 'roles'}\n"
         f"collections_path = {REPO / '.collections'}\n"
-        f"lookup_plugins = {REPO / 'lookup_plugins'}\n"
         f"inventory = {ctx.inventory}\n"
         "host_key_checking = True\n"
         "retry_files_enabled = False\n"

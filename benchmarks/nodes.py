@@ -20,9 +20,6 @@ from pathlib import Path
 from tests.harness import cluster as sim
 
 REPO = Path(__file__).resolve().parents[1]
-LIBRARY = REPO / "roles" / "checkpoint" / "library"
-# The helpers the role's modules import as ansible.module_utils.<name>.
-MODULE_UTILS = REPO / "roles" / "checkpoint" / "module_utils"
 _BIN = Path(sys.executable).parent
 
 
@@ -97,7 +94,7 @@ def close_masters(control_dir: Path) -> None:
 
 @dataclass
 class StagedModule:
-    """A module of the checkpoint role, ready to run on `node` with fixed arguments."""
+    """One of the collection's modules (the checkpoint role's), ready to run on `node` with fixed arguments."""
 
     node: sim.Node
     control_dir: Path
@@ -112,15 +109,13 @@ class StagedModule:
         env = dict(
             os.environ,
             ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-            ANSIBLE_LIBRARY=str(LIBRARY),
-            ANSIBLE_MODULE_UTILS=str(MODULE_UTILS),
             ANSIBLE_KEEP_REMOTE_FILES="1",
             ANSIBLE_REMOTE_TMP=remote_tmp,
             ANSIBLE_SSH_CONTROL_PATH_DIR=str(self.control_dir),
             ANSIBLE_NOCOLOR="1",
         )
         proc = subprocess.run(
-            [str(_BIN / "ansible"), self.node.name, "-i", str(inventory), "-m", self.module,
+            [str(_BIN / "ansible"), self.node.name, "-i", str(inventory), "-m", f"dgx_spark.llm_serving.{self.module}",
              "-a", json.dumps(args), "--check", "-e", f"ansible_python_interpreter={self.python}"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
         )

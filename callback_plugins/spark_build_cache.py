@@ -196,8 +196,19 @@ def _digest(kind: str, files: list[str], layout: bytes = b"") -> str:
 
 
 def _collection_manifests() -> list[str]:
-    return [manifest for collections_dir in C.COLLECTIONS_PATHS
-            for manifest in glob.glob(os.path.join(collections_dir, "ansible_collections", "*", "*", "MANIFEST.json"))]
+    """An installed collection's MANIFEST.json (its files' checksums, so it changes with any of them); for a
+    collection that is a source tree instead - this checkout, which scripts/bootstrap links into .collections
+    under the collection's name - every Python file its plugins and roles hold."""
+    files = []
+    for collections_dir in C.COLLECTIONS_PATHS:
+        for collection in sorted(glob.glob(os.path.join(collections_dir, "ansible_collections", "*", "*"))):
+            manifest = os.path.join(collection, "MANIFEST.json")
+            if os.path.isfile(manifest):
+                files.append(manifest)
+                continue
+            files += glob.glob(os.path.join(collection, "plugins", "**", "*.py"), recursive=True)
+            files += glob.glob(os.path.join(collection, "roles", "*", "*", "**", "*.py"), recursive=True)
+    return files
 
 
 def _template_generation() -> str:

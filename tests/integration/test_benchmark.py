@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.lib.playbook import REPO, run_playbook
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 from tests.lib.seed import seed_args
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
@@ -198,7 +198,7 @@ def test_the_planted_facts_are_found_only_when_the_server_recalls(measured, stan
     runs = {}
     for recall in (True, False):
         standin.knobs(**TIMING, recall=recall)
-        runs[recall] = run_role_module("benchmark", "benchmark_run", {
+        runs[recall] = run_module("benchmark_run", {
             "endpoint": f"http://{LOOPBACK}:{standin.port}", "mode": "recall", "model": report["meta"]["model"],
             "calibration": report["calibration"], "prompt_tokens": int(CONTEXT * 0.9), "max_tokens": 256}, tmp_path)["recall"]
     standin.knobs(**TIMING)
@@ -387,7 +387,7 @@ def test_the_client_speaks_https_with_the_ca_and_sends_the_key(tmp_path):
         endpoint = f"https://{LOOPBACK}:{tls_port}"
 
         def run(**args):
-            return run_role_module("benchmark", "benchmark_run", {"endpoint": endpoint, **args}, tmp_path)
+            return run_module("benchmark_run", {"endpoint": endpoint, **args}, tmp_path)
 
         cal = run(mode="calibrate", api_key=key, ca_file=str(cert))
         assert cal["calibration"]["source"] == "usage", cal

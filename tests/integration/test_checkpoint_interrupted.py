@@ -53,7 +53,7 @@ def tree(directory: Path) -> dict[str, str]:
 
 
 def lock_state(site: dict):
-    return module_utils("checkpoint", "checkpoint_common").lock_state(str(site["partial"] / "fetch.lock"))
+    return module_utils("checkpoint_common").lock_state(str(site["partial"] / "fetch.lock"))
 
 
 def fetch_pid(site: dict) -> int | None:

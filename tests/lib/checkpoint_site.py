@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from tests.lib.playbook import REPO, Result, children_cpu_seconds, log_run, run_playbook
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 from tests.standins.hub_emulator import HubEmulator, _safetensors, build_checkpoint
 
 PLAYBOOK = "playbooks/checkpoint.yml"
@@ -83,7 +83,7 @@ def serve_hub(root: Path, *, seed: int | None = None, host: str = "127.0.0.1", c
 def fetch_checkpoint(hub, base: Path, tmp: Path | None = None, **kw) -> dict:
     """checkpoint_fetch of the hub's new commit into ``base``/glm53 (its record beside it), run as Ansible
     runs the module; returns the module's result."""
-    return run_role_module("checkpoint", "checkpoint_fetch", {
+    return run_module("checkpoint_fetch", {
         "repo_id": hub.info["repo_id"], "revision": hub.info["new"], "model_dir": str(base / "glm53"),
         "endpoint": hub.url, **kw}, tmp or base)
 

@@ -64,14 +64,16 @@ def filter_plugin(role: str, name: str | None = None) -> ModuleType:
 
 
 @functools.cache
-def action_plugin(role: str, name: str) -> ModuleType:
-    """roles/<role>/action_plugins/<name>.py, imported as a module."""
-    return _plugin(role, "action_plugins", name)
+def action_plugin(name: str) -> ModuleType:
+    """plugins/action/<name>.py, the collection's action plugin, imported as a module."""
+    return _load(REPO / "plugins" / "action" / f"{name}.py", f"action_{name}")
 
 
 def _plugin(role: str, kind: str, name: str) -> ModuleType:
-    path = ROLES / role / kind / f"{name}.py"
-    module_name = f"{role}_{kind.removesuffix('_plugins')}_{name}"
+    return _load(ROLES / role / kind / f"{name}.py", f"{role}_{kind.removesuffix('_plugins')}_{name}")
+
+
+def _load(path: Path, module_name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up here

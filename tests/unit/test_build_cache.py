@@ -1,4 +1,4 @@
-"""callback_plugins/spark_build_cache.py and lookup_plugins/spark_template.py: what the controller builds
+"""callback_plugins/spark_build_cache.py and plugins/lookup/spark_template.py: what the controller builds
 from unchanged sources is kept between runs, and what it serves from the cache is what it would build.
 
 The Jinja cache is driven in child processes (it patches Ansible's environment class for the process
@@ -165,15 +165,19 @@ TASKS = """
 - name: Run the module in the library beside the playbook
   adjacent_answer:
   register: adjacent
+- name: Run the module of a collection that is a source tree (no MANIFEST.json), as this checkout is
+  testns.source.coll_answer:
+  register: in_collection
 - name: Render through the role's filter and both template lookups
   ansible.builtin.copy:
     dest: "{{ out }}"
     mode: "0600"
-    content: "{{ {'answer': answered.answer, 'adjacent': adjacent.answer, 'filtered': 'spark' | shout,
+    content: "{{ {'answer': answered.answer, 'adjacent': adjacent.answer, 'collection': in_collection.answer,
+                 'filtered': 'spark' | shout,
                  'builtin': lookup('ansible.builtin.template', 'unit.j2', template_vars={'extra': 'x'}),
-                 'spark': lookup('spark_template', 'unit.j2', template_vars={'extra': 'x'}),
+                 'spark': lookup('dgx_spark.llm_serving.spark_template', 'unit.j2', template_vars={'extra': 'x'}),
                  'builtin_plain': lookup('ansible.builtin.template', 'plain.j2'),
-                 'spark_plain': lookup('spark_template', 'plain.j2')} | to_json }}"
+                 'spark_plain': lookup('dgx_spark.llm_serving.spark_template', 'plain.j2')} | to_json }}"
 """
 
 UNIT = """{{ ansible_managed | comment }}
@@ -188,6 +192,13 @@ Environment=NAME={{ name }} EXTRA={{ extra }}
 def make_adjacent_library(site: Path, answer: str) -> None:
     (site / "library").mkdir(exist_ok=True)
     (site / "library/adjacent_answer.py").write_text(ROLE_MODULE.format(answer=answer))
+
+
+def make_source_collection(site: Path, answer: str) -> None:
+    modules = site / "collections" / "ansible_collections" / "testns" / "source" / "plugins" / "modules"
+    modules.mkdir(parents=True, exist_ok=True)
+    (modules.parent.parent / "galaxy.yml").write_text("namespace: testns\nname: source\nversion: 1.0.0\n")
+    (modules / "coll_answer.py").write_text(ROLE_MODULE.format(answer=answer))
 
 
 def make_role(roles: Path, answer: str, suffix: str) -> None:
@@ -207,6 +218,7 @@ def play(tmp_path: Path, cache: Path) -> dict:
     (tmp_path / "site.yml").write_text(PLAYBOOK)
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
            "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"), "SPARK_BUILD_CACHE_DIR": str(cache),
+           "ANSIBLE_COLLECTIONS_PATH": f"{tmp_path / 'collections'}:{REPO / '.collections'}",
            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "local"), "ANSIBLE_NOCOLOR": "1"}
     run = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "site.yml"),
                           "-e", json.dumps({"out": str(out), "name": "spark", "ansible_python_interpreter": sys.executable})],
@@ -217,12 +229,14 @@ def play(tmp_path: Path, cache: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Four runs sharing one cache: the first fills it, the second reads it, the third follows a changed role
-    module and filter plugin, the fourth a changed module in the library beside the playbook."""
+    """Five runs sharing one cache: the first fills it, the second reads it, the third follows a changed role
+    module and filter plugin, the fourth a changed module in the library beside the playbook, the fifth a
+    changed module of a collection that is a source tree."""
     tmp_path = tmp_path_factory.mktemp("site")
     cache = tmp_path / "cache"
     make_role(tmp_path / "roles", answer="first", suffix="!")
     make_adjacent_library(tmp_path, answer="beside")
+    make_source_collection(tmp_path, answer="collected")
     first = play(tmp_path, cache)
     state = {kind: generations(cache, kind) for kind in ("jinja", "ansiballz")}
     payloads = {p.name: p.stat().st_mtime_ns for p in state["ansiballz"][0].iterdir()}
@@ -233,8 +247,12 @@ def runs(tmp_path_factory):
     generations_before_fourth = generations(cache, "ansiballz")
     make_adjacent_library(tmp_path, answer="moved")
     fourth = play(tmp_path, cache)
-    return {"first": first, "second": second, "third": third, "fourth": fourth, "state": state, "cache": cache,
-            "generations_before_fourth": generations_before_fourth,
+    generations_before_fifth = generations(cache, "ansiballz")
+    make_source_collection(tmp_path, answer="recollected")
+    fifth = play(tmp_path, cache)
+    return {"first": first, "second": second, "third": third, "fourth": fourth, "fifth": fifth, "state": state,
+            "cache": cache, "generations_before_fourth": generations_before_fourth,
+            "generations_before_fifth": generations_before_fifth,
             "payloads": payloads, "payloads_after": payloads_after}
 
 
@@ -306,7 +324,15 @@ def test_a_changed_module_or_filter_plugin_starts_a_new_generation(runs):
 def test_a_changed_module_beside_the_playbook_starts_a_new_generation(runs):
     assert runs["third"]["adjacent"] == "beside"
     assert runs["fourth"]["adjacent"] == "moved", "the changed module beside the playbook ran, not the kept payload"
-    assert len(generations(runs["cache"], "ansiballz")) == len(runs["generations_before_fourth"]) + 1
+    assert len(runs["generations_before_fifth"]) == len(runs["generations_before_fourth"]) + 1
+
+
+def test_a_changed_module_of_a_source_tree_collection_starts_a_new_generation(runs):
+    # This checkout is such a collection (scripts/bootstrap links it into .collections): an installed one's
+    # MANIFEST.json changes with its files, a source tree has none to read.
+    assert runs["fourth"]["collection"] == "collected"
+    assert runs["fifth"]["collection"] == "recollected", "the changed collection module ran, not the kept payload"
+    assert len(generations(runs["cache"], "ansiballz")) == len(runs["generations_before_fifth"]) + 1
 
 
 def test_the_lookup_renders_what_the_builtin_template_lookup_renders(runs):

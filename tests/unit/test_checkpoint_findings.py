@@ -20,22 +20,22 @@ import pytest
 import yaml
 
 from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, free_port, serve_hub
-from tests.lib.role_module import module_utils, run_role_module
+from tests.lib.role_module import module_utils, run_module
 from tests.standins.hub_emulator import HubEmulator
 
 
 def common():
-    return module_utils("checkpoint", "checkpoint_common")
+    return module_utils("checkpoint_common")
 
 
 def fetch(hub_url: str, info: dict, base: Path, tmp: Path, **kw) -> dict:
-    return run_role_module("checkpoint", "checkpoint_fetch", {
+    return run_module("checkpoint_fetch", {
         "repo_id": info["repo_id"], "revision": info["new"], "model_dir": str(base / "glm53"),
         "endpoint": hub_url, **kw}, tmp)
 
 
 def verify(model: Path, tmp: Path, **kw) -> dict:
-    return run_role_module("checkpoint", "checkpoint_verify", {
+    return run_module("checkpoint_verify", {
         "model_dir": str(model), "record_path": f"{model}.record.json", "fail_on_problems": False, **kw}, tmp)
 
 

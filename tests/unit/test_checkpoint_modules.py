@@ -18,17 +18,12 @@ import pytest
 import yaml
 
 from tests.lib.checkpoint_site import SCALES, SHARD, fetch_checkpoint, serve_hub
-from tests.lib.role_module import module_utils, run_role_module
+from tests.lib.role_module import module_utils, run_module
 from tests.standins.hub_emulator import HubEmulator, build_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
-LIBRARY = REPO / "roles" / "checkpoint" / "library"
-MODULES = sorted(p.stem for p in LIBRARY.glob("*.py"))
-
-
-def run_module(name: str, args: dict, tmp: Path, check: bool = False) -> dict:
-    # With the role's module_utils importable as ansible.module_utils.<name>, as Ansible ships it.
-    return run_role_module("checkpoint", name, args, tmp, check=check)
+LIBRARY = REPO / "plugins" / "modules"
+MODULES = sorted(p.stem for p in LIBRARY.glob("checkpoint_*.py"))
 
 
 def load_file(name: str, path: Path):
@@ -354,7 +349,7 @@ def test_every_module_documents_its_attributes_examples_and_return_values(name):
 
 
 def test_helpers_are_written_once_in_module_utils():
-    common = module_utils("checkpoint", "checkpoint_common")
+    common = module_utils("checkpoint_common")
     shared = {n for n in dir(common) if not n.startswith("_")}
     for name in MODULES:
         tree = ast.parse((LIBRARY / f"{name}.py").read_text())
@@ -365,7 +360,7 @@ def test_helpers_are_written_once_in_module_utils():
 
 
 def test_module_paths_follow_the_spark_role_rule():
-    common = module_utils("checkpoint", "checkpoint_common")
+    common = module_utils("checkpoint_common")
     spark = load_file("spark_filter", REPO / "roles" / "spark" / "filter_plugins" / "spark.py")
     for model_dir in ("/opt/models/glm53", "/srv/a/b/GLM-5.3_x+1"):
         assert common.checkpoint_paths(model_dir) == spark.spark_checkpoint_paths(model_dir)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.lib.checkpoint_site import CODE, CODE_TEXT, SHARD, fetch_checkpoint, serve_hub
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 
 
 def run(name: str, args: dict, tmp: Path, check: bool = False) -> dict:
-    return run_role_module("checkpoint", name, args, tmp, check=check)
+    return run_module(name, args, tmp, check=check)
 
 
 @pytest.fixture(scope="module")

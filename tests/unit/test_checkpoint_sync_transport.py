@@ -14,21 +14,20 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from tests.lib.checkpoint_site import free_port
-from tests.lib.role_module import _BOOTSTRAP, REPO, run_role_module
+from tests.lib.role_module import module_command, run_module
 
 FILES = {"model-00001-of-00003.safetensors": 700_000, "model-00002-of-00003.safetensors": 500_000,
          "model-00003-of-00003.safetensors": 300_000, "config.json": 1_200, "tokenizer.json": 90_000}
 
 
 def run_sync(args: dict, tmp: Path) -> dict:
-    return run_role_module("checkpoint", "checkpoint_sync", args, tmp)
+    return run_module("checkpoint_sync", args, tmp)
 
 
 @pytest.fixture
@@ -183,9 +182,7 @@ def test_a_killed_sync_leaves_no_listening_daemon_and_the_next_run_finishes(site
     args = {**site["args"], "extra_args": ["--bwlimit=64"]}
     argsfile = site["tmp"] / "killed-args.json"
     argsfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": False}}))
-    role = REPO / "roles" / "checkpoint"
-    proc = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, str(role / "module_utils"),
-                             str(role / "library" / "checkpoint_sync.py"), str(argsfile)],
+    proc = subprocess.Popen(module_command("checkpoint_sync", argsfile),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         progress = Path(args["progress_path"])

@@ -70,12 +70,14 @@ def test_the_tarball_is_named_by_galaxy_yml_and_carries_the_manifest(members):
     assert runtime["requires_ansible"].startswith(">=2.21")
 
 
-def test_every_role_and_playbook_is_in_it(members):
+def test_every_role_plugin_and_playbook_is_in_it(members):
     for role in sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir()):
         assert f"roles/{role}/meta/argument_specs.yml" in members, role
         assert f"roles/{role}/meta/main.yml" in members, role
     for playbook in sorted((REPO / "playbooks").glob("*.yml")):
         assert f"playbooks/{playbook.name}" in members, playbook.name
+    for plugin in sorted((REPO / "plugins").rglob("*.py")):
+        assert str(plugin.relative_to(REPO)) in members, plugin
     assert "inventory/spark/hosts.yml" in members, "the example inventory belongs to the content"
 
 

@@ -1,4 +1,4 @@
-"""The doctor's one probe per node (roles/doctor/library/doctor_probe.py), run as Ansible runs it
+"""The doctor's one probe per node (plugins/modules/doctor_probe.py), run as Ansible runs it
 against stand-in tools on PATH: its result has the shape the role's former probe tasks registered, so the
 controller-side analysis (filter_plugins/doctor.py) reads it unchanged; it changes nothing, check mode or
 not; the head alone reads the supervisor's files; a peer outside the run is unknown, not absent."""
@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 from tests.lib.roles import REPO, filter_plugin
 
 doctor = filter_plugin("doctor")
@@ -78,7 +78,7 @@ def probe(tmp, check=False, **extra):
     args = {"unit": UNIT, "journal_lines": 2000, "container": "sglang", "env_file": str(tmp / "sglang.env"),
             "args_file": str(tmp / "server-args.json"), "model_dir": str(tmp / "glm53"),
             "fabric_interface": "enp1s0f1np1", "peers": ["192.168.100.11"], **extra}
-    return run_role_module("doctor", "doctor_probe", args, tmp, check=check)
+    return run_module("doctor_probe", args, tmp, check=check)
 
 
 def test_one_probe_reads_what_the_analysis_needs_in_the_shape_it_reads(node):
@@ -129,7 +129,7 @@ def test_the_head_reads_the_supervisors_files_and_a_missing_one_has_no_content(n
 def test_systemctl_shows_a_multi_line_exec_value_whole():
     text = ("ActiveState=failed\nExecStart={ path=/usr/bin/docker ; argv[]=/usr/bin/docker run\n  --rm img ; status=0/0 }"
             "\nNRestarts=3")
-    module = (REPO / "roles" / "doctor" / "library" / "doctor_probe.py").read_text()
+    module = (REPO / "plugins" / "modules" / "doctor_probe.py").read_text()
     namespace: dict = {}
     exec(compile(module.split("\ndef main():")[0], "probe", "exec"), namespace)  # noqa: S102 - the module's own parser
     assert namespace["parse_show"](text) == {

@@ -54,7 +54,7 @@ def test_a_journal_of_this_boot_only_is_told():
     assert ev["facts"]["journal_boots"] == 1
     analyse = (REPO / "roles" / "doctor" / "tasks" / "analyse.yml").read_text()
     assert "journal of {{ __doctor_facts.journal_boots" in analyse and "(this boot only)" in analyse
-    probe = (REPO / "roles" / "doctor" / "library" / "doctor_probe.py").read_text()
+    probe = (REPO / "plugins" / "modules" / "doctor_probe.py").read_text()
     assert "journalctl --no-pager --list-boots" in probe
 
 

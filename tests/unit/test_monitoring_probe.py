@@ -15,7 +15,7 @@ import pwd
 import pytest
 import yaml
 
-from tests.lib.role_module import REPO, run_role_module
+from tests.lib.role_module import REPO, run_module
 from tests.lib.roles import filter_plugin
 
 FILTER = filter_plugin("monitoring")
@@ -67,7 +67,7 @@ def test_the_probe_reads_packages_files_and_directories_in_one_go(tmp_path):
     program = tmp_path / "collector.py"
     program.write_bytes(b"#!/usr/bin/python3\nprint('x')\n")
     program.chmod(0o755)
-    result = run_role_module("monitoring", "monitoring_probe", {
+    result = run_module("monitoring_probe", {
         "packages": ["spark-no-such-package"], "paths": [str(program), str(tmp_path), str(tmp_path / "gone")]},
         tmp_path, check=True)
     assert result["changed"] is False
@@ -88,4 +88,4 @@ def test_pruning_the_controllers_reports_is_no_change_of_a_node():
     assert prune["changed_when"] is False
     assert prune["delegate_to"] == "localhost" and prune["run_once"] is True and prune["become"] is False
     # It still removes what the kept number leaves out, in the controller's process (tests/integration/test_monitoring).
-    assert set(prune["monitoring_reports"]) == {"path", "kinds", "keep"}
+    assert set(prune["dgx_spark.llm_serving.monitoring_reports"]) == {"path", "kinds", "keep"}

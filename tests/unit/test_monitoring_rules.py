@@ -20,7 +20,7 @@ from tests.lib.prometheus_tools import promtool
 from tests.lib.roles import action_plugin, filter_plugin, role_defaults
 
 FILTER = filter_plugin("monitoring")
-REPORTS = action_plugin("monitoring", "monitoring_reports")
+REPORTS = action_plugin("monitoring_reports")
 NODES = ["spark-0", "spark-1"]
 HOSTVARS = {"spark-0": {"ansible_host": "10.0.0.10"}, "spark-1": {"ansible_host": "10.0.0.11"},
             "mon-0": {"ansible_host": "10.0.0.20"}}

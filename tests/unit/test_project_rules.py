@@ -159,7 +159,8 @@ def test_inventory_groups_are_named_only_by_the_site_role():
     offenders = [str(path.relative_to(REPO)) for role, path, text in role_texts("tasks", "defaults", "vars", "meta",
                                                                             "templates", "filter_plugins", "library")
                  if role.name != "spark" and re.search(r"groups\[['\"]spark", text)]
-    offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *sorted((REPO / "group_vars").rglob("*.yml"))]
+    offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *sorted((REPO / "group_vars").rglob("*.yml")),
+                                                     *sorted((REPO / "plugins").rglob("*.py"))]
                   if re.search(r"groups\[['\"]spark", p.read_text())]
     assert offenders == []
 

@@ -15,7 +15,7 @@ from tests.lib.role_module import module_utils
 from tests.lib.roles import filter_plugin
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
-CLIENT = module_utils("benchmark", "benchmark_client")
+CLIENT = module_utils("benchmark_client")
 BENCH = filter_plugin("benchmark")
 TUNE = filter_plugin("tune")
 HYBRID = ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "

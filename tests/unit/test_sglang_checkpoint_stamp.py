@@ -4,7 +4,7 @@ The stamp is the checkpoint role's: checkpoint_verify writes it after a
 passing deep verification, and the role's stamp entry point (tasks/stamp.yml,
 module checkpoint_stamp) reads it for the server role, on each node and by
 delegation for the ranks --limit left out. Both go through one digest in
-roles/checkpoint/module_utils/checkpoint_common.py.
+plugins/module_utils/checkpoint_common.py.
 
 The stamps below are written out the way deployed stamps are (the digest
 formula spelled out here, not imported), so a change of the formula or of the
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.role_module import module_utils, run_role_module
+from tests.lib.role_module import module_utils, run_module
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT = REPO / "roles" / "checkpoint"
@@ -40,7 +40,7 @@ EXPECTED = {
 }
 
 
-common = module_utils("checkpoint", "checkpoint_common")
+common = module_utils("checkpoint_common")
 
 
 def _server_stamp_includes() -> list[dict]:
@@ -204,10 +204,10 @@ def test_the_server_asks_the_checkpoint_role_and_names_its_own_variables():
 
 def test_the_stamp_digest_is_written_once():
     """The checkpoint role owns the stamp: no other file of any role reads its digest or recomputes it."""
-    holders = sorted(str(p.relative_to(REPO)) for p in (REPO / "roles").rglob("*")
+    holders = sorted(str(p.relative_to(REPO)) for p in [*(REPO / "roles").rglob("*"), *(REPO / "plugins").rglob("*")]
                      if p.is_file() and p.suffix in (".py", ".yml") and "record_sha256" in p.read_text())
-    assert holders == ["roles/checkpoint/module_utils/checkpoint_common.py"]
-    common_source = (CHECKPOINT / "module_utils" / "checkpoint_common.py").read_text()
+    assert holders == ["plugins/module_utils/checkpoint_common.py"]
+    common_source = (REPO / "plugins" / "module_utils" / "checkpoint_common.py").read_text()
     assert common_source.count("hashlib.sha256(") == 1
     assert "slurp" not in (SERVER / "tasks" / "checkpoint.yml").read_text()
 
@@ -237,7 +237,7 @@ def _tiny_checkpoint(base: Path) -> tuple[Path, Path]:
 
 
 def stamp_module(model: Path, tmp: Path, revision=REVISION, **kw) -> dict:
-    return run_role_module("checkpoint", "checkpoint_stamp", {"model_dir": str(model), "revision": revision,
+    return run_module("checkpoint_stamp", {"model_dir": str(model), "revision": revision,
                                                               **_server_names(), **kw}, tmp)
 
 
@@ -246,7 +246,7 @@ def test_a_stamp_written_by_checkpoint_verify_vouches_and_keeps_the_deployed_for
     before = stamp_module(model, tmp_path)
     assert before["problems"] == [f"the verified-stamp {model}.verified does not exist"]
     assert not before["ok"] and not before["changed"]
-    verified = run_role_module("checkpoint", "checkpoint_verify", {
+    verified = run_module("checkpoint_verify", {
         "model_dir": str(model), "record_path": str(rec_path), "mode": "deep", "shard_count": 1,
         "stamp_path": str(model) + ".verified"}, tmp_path)
     assert verified["ok"] and verified["changed"], verified
@@ -259,7 +259,7 @@ def test_a_stamp_written_by_checkpoint_verify_vouches_and_keeps_the_deployed_for
     after = stamp_module(model, tmp_path)
     assert after["ok"] and after["problems"] == [] and after["stamp"] == written and not after["changed"]
     # Check mode reads the same.
-    checked = run_role_module("checkpoint", "checkpoint_stamp", {"model_dir": str(model), "revision": REVISION},
+    checked = run_module("checkpoint_stamp", {"model_dir": str(model), "revision": REVISION},
                               tmp_path, check=True)
     assert checked["ok"] and not checked["changed"]
 
@@ -270,7 +270,7 @@ def test_the_stamp_vouches_only_for_files_in_the_state_it_verified_them_in(tmp_p
     check would hash again."""
     model, rec_path = _tiny_checkpoint(tmp_path / "m")
     stamp_path = Path(str(model) + ".verified")
-    verified = run_role_module("checkpoint", "checkpoint_verify", {
+    verified = run_module("checkpoint_verify", {
         "model_dir": str(model), "record_path": str(rec_path), "mode": "deep", "shard_count": 1,
         "stamp_path": str(stamp_path)}, tmp_path)
     assert verified["ok"] and stamp_module(model, tmp_path)["ok"]
@@ -282,7 +282,7 @@ def test_the_stamp_vouches_only_for_files_in_the_state_it_verified_them_in(tmp_p
     assert not res["ok"] and res["problems"] == [
         f"1 files changed since the stamp {stamp_path} verified them (size, mtime, inode or ctime), "
         "e.g. ['model-00001-of-00001.safetensors']"]
-    fast = run_role_module("checkpoint", "checkpoint_verify", {
+    fast = run_module("checkpoint_verify", {
         "model_dir": str(model), "record_path": str(rec_path), "mode": "fast", "shard_count": 1,
         "stamp_path": str(stamp_path), "fail_on_problems": False}, tmp_path, check=True)
     assert fast["changed_since_verified"] == ["model-00001-of-00001.safetensors"]
@@ -333,6 +333,6 @@ def test_the_stamp_and_the_record_live_beside_the_model_directory():
     assert cp_vars["__checkpoint_stamp_path"] == "{{ __checkpoint_paths.stamp }}"
     assert cp_vars["__checkpoint_record_path"] == "{{ __checkpoint_paths.record }}"
     assert cp_vars["__checkpoint_stamp_of"] == "{{ checkpoint_stamp_model_dir | spark_checkpoint_paths }}"
-    stamp_task = yaml.safe_load((CHECKPOINT / "tasks" / "stamp.yml").read_text())[0]["checkpoint_stamp"]
+    stamp_task = yaml.safe_load((CHECKPOINT / "tasks" / "stamp.yml").read_text())[0]["dgx_spark.llm_serving.checkpoint_stamp"]
     assert (stamp_task["stamp_path"], stamp_task["record_path"]) == (
         "{{ __checkpoint_stamp_of.stamp }}", "{{ __checkpoint_stamp_of.record }}")

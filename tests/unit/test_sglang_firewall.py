@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.lib.role_module import REPO, run_role_module
+from tests.lib.role_module import REPO, run_module
 from tests.lib.roles import filter_plugin, role_defaults
 
 fw = filter_plugin("firewall")
@@ -242,7 +242,7 @@ def test_route_commands_take_addresses_only():
     }
 
 
-PROBE = REPO / "roles" / "firewall" / "library" / "firewall_probe.py"
+PROBE = REPO / "plugins" / "modules" / "firewall_probe.py"
 
 
 def run_probe(tmp_path, shell_env: dict, module_env: dict) -> dict:
@@ -313,7 +313,7 @@ def test_the_probe_reads_the_files_it_is_given(tmp_path):
     rules = tmp_path / "rules.nft"
     rules.write_text("table inet x {}\n")
     rules.chmod(0o640)
-    result = run_role_module("firewall", "firewall_probe",
+    result = run_module("firewall_probe",
                              {"table": "inet sglang_probe_test", "paths": [str(rules), str(tmp_path / "gone")]}, tmp_path)
     assert result["changed"] is False
     seen = result["paths"][str(rules)]

@@ -33,7 +33,7 @@ STAMP = {"repo_id": RECORD["repo_id"], "revision": REVISION, "model_dir": MODEL_
          "record_sha256": hashlib.sha256(json.dumps(FILES, sort_keys=True).encode()).hexdigest()}
 # The checkpoint role owns the stamp: its stamp entry point tells the server role, per outside rank,
 # what keeps the stamp from vouching (checkpoint_stamp_problems), with the server's variable names.
-STAMP_CHECK = module_utils("checkpoint", "checkpoint_common")
+STAMP_CHECK = module_utils("checkpoint_common")
 
 
 def head_args(**values):

@@ -1,6 +1,6 @@
 """A failed change goes back to the last good configuration: the server role's module and filters.
 
-The module (roles/server/library/server_config.py) runs as Ansible runs it, against
+The module (plugins/modules/server_config.py) runs as Ansible runs it, against
 files in a temporary root and the docker stand-in (SPARK_SIM_ROOT points its state there): what it
 keeps, promotes and restores is read back from the files, never from its own answer. The stand-in's
 image builds (its registry knob), `docker tag` and image events, which the rollback and the upgrade
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 from tests.lib.sglang_plan import FILTER, MODEL, ctx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ class Rank:
     def module(self, state, check=False, **extra):
         args = {"state": state, "files": {k: str(v) for k, v in self.paths.items()}, "store": str(self.store),
                 "container": "sglang", "docker": str(DOCKER), **extra}
-        return run_role_module("server", "server_config", args, self.tmp, check=check)
+        return run_module("server_config", args, self.tmp, check=check)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A no-change run reads each rank once: the server role's probe module and the filters that decide from it.
 
-The module (roles/server/library/server_state.py) runs as Ansible runs it, against files in a
+The module (plugins/modules/server_state.py) runs as Ansible runs it, against files in a
 temporary root and the docker stand-in (SPARK_SIM_ROOT points its state there). The filters decide whether
 the install step runs (any file, mode, owner or the boot switch that differs) and why the group restarts.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 from tests.lib.sglang_plan import FILTER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def probe(node, check=False, **extra):
             "files": {k: str(v) for k, v in node["paths"].items()}, "config_dir": str(node["store"]),
             "unit": "sglang-test-absent.service", "nginx_conf": str(node["root"] / "nginx.conf"),
             "store": str(node["store"]), "container": "sglang", "docker": str(DOCKER), **extra}
-    return run_role_module("server", "server_state", args, node["tmp"], check=check)
+    return run_module("server_state", args, node["tmp"], check=check)
 
 
 def test_pull_reports_a_change_only_when_it_downloads_and_never_in_check_mode(node):
@@ -110,10 +110,10 @@ def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
         assert (first["recorded"], first["pending"]) == (False, False), "nothing kept yet"
         config = {"files": {k: str(v) for k, v in node["paths"].items()}, "store": str(node["store"]),
                   "container": "sglang", "docker": str(DOCKER)}
-        run_role_module("server", "server_config", {**config, "state": "pending"}, node["tmp"])
+        run_module("server_config", {**config, "state": "pending"}, node["tmp"])
         pending = probe(node, check=True)
         assert (pending["recorded"], pending["pending"]) == (True, True), "pending"
-        run_role_module("server", "server_config", {**config, "state": "commit"}, node["tmp"])
+        run_module("server_config", {**config, "state": "commit"}, node["tmp"])
         # Committed: nothing pending is left, so the next commit after verify has nothing to do.
         committed = probe(node, check=True)
         assert (committed["recorded"], committed["pending"]) == (True, False), "last good"

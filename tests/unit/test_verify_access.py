@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
-    "verify_judge_access", REPO / "roles/verify/module_utils/verify_judge.py")
+    "verify_judge_access", REPO / "plugins/module_utils/verify_judge.py")
 judge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(judge)
 

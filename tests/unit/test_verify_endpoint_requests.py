@@ -11,7 +11,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.lib.role_module import run_role_module
+from tests.lib.role_module import run_module
 
 MODEL = "glm-5.3-flash"
 GIVE_UP_SECONDS = 60
@@ -61,7 +61,7 @@ def test_the_two_generations_are_in_flight_together(tmp_path):
     barrier = Barrier()
     server = barrier.serve()
     try:
-        result = run_role_module("verify", "verify_endpoint", {
+        result = run_module("verify_endpoint", {
             "endpoint": f"http://127.0.0.1:{server.server_address[1]}", "expected_model": MODEL,
             "allow_unauthenticated": True, "timeout": GIVE_UP_SECONDS * 2}, tmp_path)
     finally:

@@ -1,4 +1,4 @@
-"""The verify judge (roles/verify/module_utils) on recorded good and bad answers.
+"""The verify judge (plugins/module_utils/verify_judge.py) on recorded good and bad answers.
 
 The recorded bodies are written out here, in the shapes SGLang returns and the
 seed describes (deployment-facts.md, "Known failures" 3 and 4, "Verifying a
@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
-    "verify_judge", REPO / "roles/verify/module_utils/verify_judge.py"
+    "verify_judge", REPO / "plugins/module_utils/verify_judge.py"
 )
 judge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(judge)

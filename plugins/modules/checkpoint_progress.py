@@ -112,7 +112,12 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import human_bytes, load_json, lock_state, partial_bytes
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
+    human_bytes,
+    load_json,
+    lock_state,
+    partial_bytes,
+)
 
 # Ansible's async wrapper writes this when the module printed nothing: it died before reporting.
 NO_RESULT = "No start of json char found"

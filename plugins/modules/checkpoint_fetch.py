@@ -218,7 +218,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from types import SimpleNamespace
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import (
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
     RECORD_FORMAT,
     REVISION_RE,
     TransferLock,

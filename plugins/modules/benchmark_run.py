@@ -145,7 +145,7 @@ import time
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.benchmark_client import (
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.benchmark_client import (
     Endpoint,
     filler,
     level_prompt,

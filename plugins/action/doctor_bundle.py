@@ -2,7 +2,7 @@
 
 The bundle is written on the controller (bundle.yml delegates it to localhost): run as a module, that
 is a fresh Python interpreter for one tar.gz, close to a CPU-second a run. This action plugin calls the
-module's own code (library/doctor_bundle.py: the same checks, the same file) in-process.
+module's own code (plugins/modules/doctor_bundle.py: the same checks, the same file) in-process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "library", "doctor_bundle.py")
+_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "modules", "doctor_bundle.py")
 
 
 def _bundle_module():

@@ -296,7 +296,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import (
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
     RECORD_FORMAT,
     atomic_write,
     file_digests,

@@ -193,7 +193,7 @@ import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import (
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
     Rate,
     checkpoint_paths,
     progress_line,

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Documentation of the spark_controller_files action (action_plugins/spark_controller_files.py).
+"""Documentation of the spark_controller_files action (plugins/action/spark_controller_files.py).
 
 The action runs in the controller's own process and never starts this file; it is here so that
 `ansible-doc` documents the task's options like any module's.

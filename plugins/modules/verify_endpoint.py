@@ -10,7 +10,7 @@ module: verify_endpoint
 short_description: Verify an SGLang OpenAI-compatible endpoint serving GLM-5.3
 description:
   - Requests /v1/models, the seed's reasoning question (17 x 23) and a chat completion with one simple tool,
-    then judges the answers (module_utils/verify_judge.py) with a diagnosis and remedy for each failure.
+    then judges the answers (plugins/module_utils/verify_judge.py) with a diagnosis and remedy for each failure.
   - Proves the access rules too - without a key and with a wrong key HTTP 401; for an https endpoint the certificate
     chain verifies against C(ca_path) and plain HTTP on the same port is refused.
   - Read-only towards the server; supports check mode (the requests are made in check mode too).
@@ -93,7 +93,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import Request, make_context
-from ansible.module_utils.verify_judge import (
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.verify_judge import (
     judge_all,
     reasoning_request,
     tool_request,

@@ -113,7 +113,12 @@ record_path:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.checkpoint_common import checkpoint_paths, read_json, stamp_file_problems, stamp_problems
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
+    checkpoint_paths,
+    read_json,
+    stamp_file_problems,
+    stamp_problems,
+)
 
 
 def main() -> None:
