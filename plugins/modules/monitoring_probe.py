@@ -72,13 +72,9 @@ units:
   type: dict
 """
 
-import grp
-import hashlib
-import os
-import pwd
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import path_facts, unit_states
 
 
 def read_packages(module, names):
@@ -95,47 +91,14 @@ def read_packages(module, names):
     return found
 
 
-def _name(lookup, ident):
-    try:
-        return lookup(ident)[0]
-    except KeyError:
-        return str(ident)
-
-
 def read_path(path):
-    try:
-        st = os.lstat(path)
-    except OSError:
+    facts = path_facts(path, follow_symlinks=False)
+    if facts is None:
         return {"type": "absent"}
-    kind = "file" if stat.S_ISREG(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else "other"
-    info = {"type": kind, "owner": _name(pwd.getpwuid, st.st_uid), "group": _name(grp.getgrgid, st.st_gid),
-            "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
-    if kind == "file":
-        digest = hashlib.sha1()  # noqa: S324 - the checksum the copy and template modules compare
-        try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 16), b""):
-                    digest.update(block)
-            info["checksum"] = digest.hexdigest()
-        except OSError:
-            info["checksum"] = ""
+    info = {"type": facts["kind"], "owner": facts["owner"], "group": facts["group"], "mode": facts["mode"]}
+    if facts["kind"] == "file":
+        info["checksum"] = facts["sha1"]
     return info
-
-
-def read_units(module, names):
-    states = {name: {"active": "", "enabled": ""} for name in names}
-    systemctl = module.get_bin_path("systemctl")
-    if not names or not systemctl:
-        return states
-    rc, out, _err = module.run_command([systemctl, "show", "--property=Id,ActiveState,UnitFileState", "--", *names])
-    if rc != 0:
-        return states
-    # One block per unit, in the order asked, separated by an empty line.
-    blocks = [b for b in out.strip().split("\n\n") if b.strip()]
-    for name, block in zip(names, blocks, strict=False):
-        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        states[name] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
-    return states
 
 
 def main():
@@ -146,7 +109,7 @@ def main():
     }, supports_check_mode=True)
     params = module.params
     module.exit_json(changed=False, packages=read_packages(module, params["packages"]),
-                     paths={p: read_path(p) for p in params["paths"]}, units=read_units(module, params["units"]))
+                     paths={p: read_path(p) for p in params["paths"]}, units=unit_states(module, params["units"]))
 
 
 if __name__ == "__main__":

@@ -139,41 +139,14 @@ supervisor_held:
 """
 
 import base64
-import grp
-import hashlib
 import json
 import os
-import pwd
 import shutil
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import exists_facts as describe
 
 KINDS = ("unit", "env", "args")
-
-
-def describe(path, with_sum=True):
-    """exists, sha1 (files), mode ('0644'), owner and group of `path`; no content."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {"exists": False}
-    out = {"exists": True, "isdir": stat.S_ISDIR(st.st_mode), "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
-    try:
-        out["owner"] = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        out["owner"] = str(st.st_uid)
-    try:
-        out["group"] = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        out["group"] = str(st.st_gid)
-    if with_sum and not out["isdir"]:
-        digest = hashlib.sha1()  # noqa: S324 - the checksum Ansible's file modules compare, not a secret
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        out["sha1"] = digest.hexdigest()
-    return out
 
 
 def read_bytes(path):

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.lib.role_module import REPO, run_module
+from tests.lib.role_module import COLLECTIONS, REPO, run_module
 from tests.lib.roles import filter_plugin, role_defaults
 
 fw = filter_plugin("firewall")
@@ -251,7 +251,8 @@ def run_probe(tmp_path, shell_env: dict, module_env: dict) -> dict:
     # The module's parent (sh) has shell_env; the module itself module_env, as after sudo's reset.
     unset = " ".join(f"-u {k}" for k in shell_env if k not in module_env)
     set_ = " ".join(f"{k}={v!r}" for k, v in module_env.items())
-    command = f"env {unset} {set_} {sys.executable} {PROBE} {args}; true"
+    # The collection's module_utils import as Ansible ships them (tests/lib/role_module.py).
+    command = f"env {unset} {set_} PYTHONPATH={COLLECTIONS} {sys.executable} {PROBE} {args}; true"
     proc = subprocess.run(["sh", "-c", command], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **shell_env},
                           capture_output=True, text=True, timeout=60, check=False)
     return json.loads(proc.stdout)
