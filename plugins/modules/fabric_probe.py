@@ -159,14 +159,11 @@ pings:
 """
 
 import glob
-import grp
-import hashlib
 import os
-import pwd
 import re
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import path_facts
 
 NETDEVS = "/sys/class/net"
 UFW_ACTIVE = re.compile(r"^Status: active", re.MULTILINE)
@@ -187,27 +184,11 @@ def _read(path):
 
 
 def _stat(path, checksum=False):
-    path = os.path.expanduser(path)
-    try:
-        st = os.stat(path)
-    except OSError:
+    facts = path_facts(os.path.expanduser(path), checksum=checksum)
+    if facts is None:
         return {"exists": False, "mode": "", "owner": "", "group": "", "sha1": ""}
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    sha1 = ""
-    if checksum and stat.S_ISREG(st.st_mode):
-        try:
-            with open(path, "rb") as f:
-                sha1 = hashlib.sha1(f.read()).hexdigest()  # noqa: S324 - compared with Ansible's hash('sha1'), not a secret
-        except OSError:
-            pass
-    return {"exists": True, "mode": f"{stat.S_IMODE(st.st_mode):04o}", "owner": owner, "group": group, "sha1": sha1}
+    return {"exists": True, "mode": facts["mode"], "owner": facts["owner"], "group": facts["group"],
+            "sha1": facts.get("sha1", "")}
 
 
 def _has_carrier(interface):
