@@ -1,17 +1,27 @@
 """Loads the Jinja filter and test plugins once in the controller's main process.
 
 Ansible runs every task on every host in a forked worker, and each worker that renders a filter
-loads every legacy filter plugin (the roles' filter_plugins) from scratch: a cost paid hundreds
-of times a run, by the controller's CPU, for modules that do not change during the run. Imported
-here, before the workers fork, they are inherited by every worker (the plugin loader finds them
-in sys.modules). A role added to the search path by an include clears the loaders' caches, so the
-cache is filled again, in this process, before the next task is handed to the workers.
+loads the plugins from scratch: every legacy filter plugin (ansible.builtin's), and each of the
+collection's plugins/filter files at the first of its filters a worker meets. That is a cost paid
+hundreds of times a run, by the controller's CPU, for modules that do not change during the run.
+Imported here, before the workers fork, they are inherited by every worker (the plugin loader
+finds them in sys.modules). A directory added to the legacy search path (an include of a role with
+plugins of its own) clears the legacy cache, so it is filled again, in this process, before the
+next task is handed to the workers.
 """
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
+import yaml
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import filter_loader, test_loader
+
+# The checkout this callback ships in is the collection (galaxy.yml beside callback_plugins/).
+_GALAXY = yaml.safe_load((Path(__file__).resolve().parents[1] / "galaxy.yml").read_text())
+COLLECTION = f"{_GALAXY['namespace']}.{_GALAXY['name']}"
 
 DOCUMENTATION = """
     name: spark_plugin_cache
@@ -29,7 +39,17 @@ class CallbackModule(CallbackBase):
     CALLBACK_NAME = "spark_plugin_cache"
     CALLBACK_NEEDS_ENABLED = False
 
+    def __init__(self):
+        super().__init__()
+        self._collection_loaded = False
+
     def _fill(self) -> None:
+        if not self._collection_loaded:
+            # Looking up one of the collection's filters imports every file of its plugins/filter; a name that
+            # no file defines costs the same and finds nothing.
+            with contextlib.suppress(KeyError):  # the collection is not on the collections path: nothing to load
+                filter_loader.get(f"{COLLECTION}.__spark_plugin_cache__")
+            self._collection_loaded = True
         for loader in (filter_loader, test_loader):
             # Empty after a plugin directory was added (a role loaded); filling it imports what is new.
             if not loader._cached_non_collection_wrappers:  # noqa: SLF001 - the loader keeps no public flag

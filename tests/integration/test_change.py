@@ -6,9 +6,12 @@ does not fit (the hybrid state cache), an image whose ranks cannot launch the Ti
 and an image that answers wrongly (verify fails), each going back by itself to the last good
 configuration, which then serves and verifies; an upgrade to a second tag, pulled everywhere
 before any rank stops, and a second run that changes nothing; uninstall.yml in check mode and
-for real, compared with the pair as it booted; and site.yml again, serving without a byte from
-the hub. The images are the docker stand-in's registry builds (tests/standins/README.md); the
-nodes are observed over SSH, the hub through its counters.
+for real, compared with the pair as it booted; site.yml again, serving without a byte from
+the hub; and, last, the same site driven from outside the checkout: the built collection installed
+into a clean virtualenv and used by a project of its own (tests/lib/outside_project.py), which
+renders, runs the site playbook by its FQCN changing nothing, and calls a role by its FQCN. The
+images are the docker stand-in's registry builds (tests/standins/README.md); the nodes are
+observed over SSH, the hub through its counters.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import urllib.request
 import pytest
 
 from tests.harness import cluster as sim
-from tests.lib import node_state
+from tests.lib import node_state, outside_project
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import api_key_header, generate
 
@@ -256,3 +259,35 @@ def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
     table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
     assert table.count("PASS") == 5, table
     assert generate(site.cluster)
+
+
+def test_the_built_collection_runs_the_site_from_a_project_of_its_own_and_changes_nothing(site, tmp_path_factory):
+    root = tmp_path_factory.mktemp("outside")
+    project = outside_project.create(root, outside_project.build(root), site.cluster.inventory)
+    head = site.cluster.nodes[0]
+    # The site's own settings, as the suite's runs pass them; reports go where the project keeps them.
+    settings = json.dumps({"supervisor_enabled": True})
+
+    render = project.run("ansible-playbook", "dgx_spark.llm_serving.render", "-i", "inventory", "-e", settings)
+    assert render.returncode == 0, render.stdout[-3000:] + render.stderr[-2000:]
+    # What render writes is what the head runs (its flags); the unit differs only where render cannot look at the
+    # node (a render assumes the RoCE devices that these nodes lack).
+    rendered = project.root / "rendered" / head.name
+    assert (rendered / "server-args.json").read_text() == sh(head, f"cat {FILES['args']}")
+    assert (rendered / UNIT).is_file()
+
+    converge = project.run("ansible-playbook", "site.yml", "-i", "inventory", "-e", settings)
+    assert converge.returncode == 0, converge.stdout[-3000:] + converge.stderr[-2000:]
+    recap = outside_project.recap(converge.stdout)
+    assert set(recap) >= {n.name for n in site.cluster.nodes}, converge.stdout[-2000:]
+    assert all(r == {"changed": 0, "unreachable": 0, "failed": 0} for r in recap.values()), recap
+    (report,) = (project.root / "reports").glob("verify-*.json")
+    assert json.loads(report.read_text())["ok"] is True
+    # Nothing of a run lands in the installed collection: it is shared, and may be read-only.
+    assert not {"reports", "rendered"} & {p.name for p in project.installed.iterdir()}
+    assert "[DEPRECATION WARNING]" not in converge.stdout + converge.stderr
+
+    status = project.run("ansible", "spark", "-i", "inventory", "--become", "-m", "ansible.builtin.include_role",
+                         "-a", "name=dgx_spark.llm_serving.server tasks_from=status")
+    assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
+    assert status.stdout.count("unit active/running") == len(site.cluster.nodes), status.stdout[-3000:]

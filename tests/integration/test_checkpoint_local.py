@@ -223,6 +223,6 @@ def test_token_is_sent_but_never_printed(site, first_fetch):
 
 
 def test_lead_wiring_still_feeds_the_role():
-    spark = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    spark = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
     assert spark["checkpoint_model_dir"] == "{{ spark_model_dir }}"
     assert shutil.which("rsync"), "rsync is needed on the nodes and here"

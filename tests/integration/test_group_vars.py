@@ -1,14 +1,17 @@
 """group_vars apply identically through site.yml and through playbooks/<name>.yml.
 
-Ansible loads playbook-adjacent group_vars relative to the playbook being run;
-playbooks/group_vars links to the project's group_vars so that a play started
-directly sees what it sees under site.yml. These tests run real playbooks from
-both entry points and compare what every host sees.
+Ansible loads playbook-adjacent group_vars relative to the playbook being run (for a playbook of a
+collection, relative to the collection's playbooks/): the wiring lives in playbooks/group_vars, where a
+play started directly and a project that imports the collection's playbooks by FQCN find it, and the root's
+group_vars links to it for site.yml. These tests run real playbooks from all three entry points and
+compare what every host sees.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -22,7 +25,8 @@ PROBED = ["spark_model_dir", "checkpoint_model_dir", "server_model_dir"]
 
 @pytest.fixture
 def probe_playbooks():
-    """A probe play in playbooks/ and a site-like play at the top importing it."""
+    """A probe play in playbooks/, a site-like play at the top importing it, and one in an outside project
+    importing it by its FQCN."""
     tag = uuid.uuid4().hex[:8]
     inner = REPO / "playbooks" / f"_probe_{tag}.yml"
     outer = REPO / f"_site_probe_{tag}.yml"
@@ -33,16 +37,19 @@ def probe_playbooks():
           gather_facts: false
           # Like every project play (its roles depend on it): the site role brings the site's defaults.
           roles:
-            - role: spark
+            - role: dgx_spark.llm_serving.spark
           tasks:
             - name: Report
               ansible.builtin.debug:
                 msg: {{{', '.join(f'"{v}": "{{{{ {v} | default(\'UNDEFINED\') }}}}"' for v in PROBED)}}}
         """))
     outer.write_text(f"---\n- name: Site probe\n  ansible.builtin.import_playbook: playbooks/{inner.name}\n")
+    outside = Path(tempfile.mkdtemp(prefix="outside-project-")) / "site.yml"
+    outside.write_text(f"---\n- name: Outside probe\n  ansible.builtin.import_playbook: dgx_spark.llm_serving.{inner.stem}\n")
     try:
-        yield outer.name, f"playbooks/{inner.name}"
+        yield outer.name, f"playbooks/{inner.name}", outside
     finally:
+        shutil.rmtree(outside.parent, ignore_errors=True)
         inner.unlink(missing_ok=True)
         outer.unlink(missing_ok=True)
 
@@ -76,16 +83,18 @@ def write_inventory(tmp_path: Path, site_vars: str | None) -> Path:
     ids=["project-default", "inventory-override"],
 )
 def test_same_variables_through_site_and_direct(tmp_path, probe_playbooks, site_vars, expected):
-    site, direct = probe_playbooks
+    site, direct, outside = probe_playbooks
     inv = write_inventory(tmp_path, site_vars)
     via_site = run_playbook(site, inv)
     via_direct = run_playbook(direct, inv)
-    assert via_site.rc == 0 and via_direct.rc == 0, via_site.stdout + via_direct.stdout
-    assert seen(via_site) == seen(via_direct)
+    via_fqcn = run_playbook(str(outside), inv)
+    assert via_site.rc == 0 and via_direct.rc == 0 and via_fqcn.rc == 0, via_site.stdout + via_direct.stdout + via_fqcn.stdout
+    assert seen(via_site) == seen(via_direct) == seen(via_fqcn)
     for host, values in seen(via_direct).items():
         assert values == dict.fromkeys(PROBED, expected), host
 
 
-def test_playbooks_group_vars_is_the_project_group_vars():
-    link = REPO / "playbooks" / "group_vars"
-    assert link.is_symlink() and os.path.realpath(link) == str((REPO / "group_vars").resolve())
+def test_the_root_group_vars_is_the_collections_playbooks_group_vars():
+    link = REPO / "group_vars"
+    assert link.is_symlink() and os.path.realpath(link) == str((REPO / "playbooks" / "group_vars").resolve())
+    assert not (REPO / "playbooks" / "group_vars").is_symlink()

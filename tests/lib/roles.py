@@ -59,18 +59,14 @@ def keyed_launcher() -> str:
 
 @functools.cache
 def filter_plugin(role: str, name: str | None = None) -> ModuleType:
-    """roles/<role>/filter_plugins/<name>.py (default: the role's name), imported as a module."""
-    return _plugin(role, "filter_plugins", name or role)
+    """plugins/filter/<name>.py (default: the concern's name), the collection's filter plugin, imported as a module."""
+    return _load(REPO / "plugins" / "filter" / f"{name or role}.py", f"filter_{name or role}")
 
 
 @functools.cache
 def action_plugin(name: str) -> ModuleType:
     """plugins/action/<name>.py, the collection's action plugin, imported as a module."""
     return _load(REPO / "plugins" / "action" / f"{name}.py", f"action_{name}")
-
-
-def _plugin(role: str, kind: str, name: str) -> ModuleType:
-    return _load(ROLES / role / kind / f"{name}.py", f"{role}_{kind.removesuffix('_plugins')}_{name}")
 
 
 def _load(path: Path, module_name: str) -> ModuleType:

@@ -361,6 +361,6 @@ def test_helpers_are_written_once_in_module_utils():
 
 def test_module_paths_follow_the_spark_role_rule():
     common = module_utils("checkpoint_common")
-    spark = load_file("spark_filter", REPO / "roles" / "spark" / "filter_plugins" / "spark.py")
+    spark = load_file("spark_filter", REPO / "plugins" / "filter" / "spark.py")
     for model_dir in ("/opt/models/glm53", "/srv/a/b/GLM-5.3_x+1"):
         assert common.checkpoint_paths(model_dir) == spark.spark_checkpoint_paths(model_dir)

@@ -1,6 +1,6 @@
 """The doctor's one probe per node (plugins/modules/doctor_probe.py), run as Ansible runs it
 against stand-in tools on PATH: its result has the shape the role's former probe tasks registered, so the
-controller-side analysis (filter_plugins/doctor.py) reads it unchanged; it changes nothing, check mode or
+controller-side analysis (plugins/filter/doctor.py) reads it unchanged; it changes nothing, check mode or
 not; the head alone reads the supervisor's files; a peer outside the run is unknown, not absent."""
 
 from __future__ import annotations

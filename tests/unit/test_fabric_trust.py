@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-PLUGIN = Path(__file__).resolve().parents[2] / "roles/fabric/filter_plugins/fabric.py"
+PLUGIN = Path(__file__).resolve().parents[2] / "plugins/filter/fabric.py"
 spec = importlib.util.spec_from_file_location("fabric_filters_trust", PLUGIN)
 fabric = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fabric)

@@ -101,7 +101,7 @@ def test_a_monitoring_host_named_without_an_address_is_refused_on_the_node():
 
 
 def test_the_wiring_matches_the_monitoring_defaults():
-    wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    wiring = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
     monitoring = role_defaults("monitoring")
     text = wiring["firewall_service_ports"]
     assert f"monitoring_node_exporter_port | default({monitoring['monitoring_node_exporter_port']})" in text

@@ -1,13 +1,14 @@
-"""callback_plugins/spark_plugin_cache.py: the roles' Jinja plugins loaded once, in the main process.
+"""callback_plugins/spark_plugin_cache.py: the Jinja plugins loaded once, in the main process.
 
 A worker forked after the callback ran finds them loaded; the test runs a forked child the way
-Ansible's workers are made and asserts it imports nothing of the roles' filter plugins itself.
+Ansible's workers are made and asserts it imports no filter plugin itself, and that without the
+callback it would.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,36 +25,69 @@ def load_callback():
     return module.CallbackModule()
 
 
-def role_filter_modules() -> set[str]:
-    return {name for name, m in sys.modules.items()
-            if str(getattr(m, "__file__", "") or "").startswith(str(REPO / "roles"))}
+# A controller process as ansible-playbook makes it (the checkout's collections path), the callback called as at a
+# play's start, then a task worker forked from it asking for one of the collection's filters and for every builtin
+# one as a template would: it prints what it had to import itself.
+WORKER = r"""
+import os, sys
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+init_plugin_loader([sys.argv[1]])
+import importlib.util
+spec = importlib.util.spec_from_file_location("cache_under_test", sys.argv[2])
+cache = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cache)
+if sys.argv[3] == "callback":
+    cache.CallbackModule().v2_playbook_on_play_start(play=None)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    before = set(sys.modules)
+    found = filter_loader.get("dgx_spark.llm_serving.fabric_port")
+    list(filter_loader.all())
+    new = sorted(n for n in set(sys.modules) - before if ".filter" in n)
+    os.write(write, ("found " if found else "missing ").encode() + "\n".join(new).encode())
+    os._exit(0)
+os.close(write)
+out = b""
+while chunk := os.read(read, 65536):
+    out += chunk
+os.waitpid(pid, 0)
+print(out.decode())
+"""
 
 
-def test_a_role_added_at_run_time_is_loaded_before_the_next_task_forks():
+def worker_imports(mode: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", WORKER, str(REPO / ".collections"),
+                           str(REPO / "callback_plugins/spark_plugin_cache.py"), mode],
+                          capture_output=True, text=True, check=True, timeout=120)
+    status, *imported = done.stdout.split()
+    assert status == "found", done.stdout + done.stderr
+    return imported
+
+
+def test_a_worker_forked_after_the_callback_imports_no_filter_plugin_itself():
+    assert worker_imports("callback") == []
+
+
+def test_without_the_callback_each_worker_imports_the_filter_plugins_again():
+    # The control: the same worker, no callback before the fork, imports the collection's filter files itself.
+    imported = worker_imports("none")
+    assert "ansible_collections.dgx_spark.llm_serving.plugins.filter.fabric" in imported, imported
+    assert any(name.startswith("ansible.plugins.filter") or "legacy" in name for name in imported), imported
+
+
+def test_a_role_added_at_run_time_is_loaded_before_the_next_task_forks(tmp_path):
     callback = load_callback()
-    filter_loader.add_directory(str(REPO / "roles/fabric/filter_plugins"))  # what a role include does
+    role_plugins = tmp_path / "filter_plugins"
+    role_plugins.mkdir()
+    (role_plugins / "spark_probe_filter.py").write_text(
+        "class FilterModule:\n    def filters(self):\n        return {'spark_probe_shout': str.upper}\n")
+    filter_loader.add_directory(str(role_plugins))  # what the include of a role with plugins of its own does
     assert not filter_loader._cached_non_collection_wrappers  # the include cleared the cache  # noqa: SLF001
     callback.v2_playbook_on_task_start(task=None, is_conditional=False)
-    wrappers = filter_loader._cached_non_collection_wrappers.values()  # noqa: SLF001
-    assert any("roles/fabric/filter_plugins" in str(w._original_path) for w in wrappers)  # noqa: SLF001
+    assert "spark_probe_shout" in filter_loader._cached_non_collection_wrappers  # noqa: SLF001
     assert test_loader._cached_non_collection_wrappers  # noqa: SLF001
-    loaded = role_filter_modules()
-    assert any("fabric" in name for name in loaded), loaded
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a task worker: asks for every filter as a template would
-        os.close(read)
-        before = set(sys.modules)
-        list(filter_loader.all())
-        os.write(write, b"\n".join(n.encode() for n in set(sys.modules) - before))
-        os._exit(0)
-    os.close(write)
-    imported = b""
-    while chunk := os.read(read, 65536):
-        imported += chunk
-    os.waitpid(pid, 0)
-    assert [n for n in imported.decode().split("\n") if n] == [], "the worker loaded plugins again"
 
 
 def test_the_cache_left_alone_while_it_is_full():

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+COLLECTION = "{namespace}.{name}".format(**yaml.safe_load((REPO / "galaxy.yml").read_text()))
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
 PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
 COMMAND_MODULES = {"ansible.builtin.command", "ansible.builtin.shell", "ansible.builtin.raw", "ansible.builtin.script"}
@@ -157,10 +158,11 @@ def role_texts(*subdirs: str):
 
 def test_inventory_groups_are_named_only_by_the_site_role():
     offenders = [str(path.relative_to(REPO)) for role, path, text in role_texts("tasks", "defaults", "vars", "meta",
-                                                                            "templates", "filter_plugins", "library")
+                                                                            "templates", "library")
                  if role.name != "spark" and re.search(r"groups\[['\"]spark", text)]
-    offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *sorted((REPO / "group_vars").rglob("*.yml")),
-                                                     *sorted((REPO / "plugins").rglob("*.py"))]
+    wiring = sorted((REPO / "playbooks" / "group_vars").rglob("*.yml"))
+    plugins = sorted((REPO / "plugins").rglob("*.py"))
+    offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *wiring, *plugins]
                   if re.search(r"groups\[['\"]spark", p.read_text())]
     assert offenders == []
 
@@ -178,14 +180,16 @@ def test_role_defaults_never_fall_back_to_another_roles_variable():
         if not path.exists():
             continue
         for name, value in load(path).items():
-            for used in re.findall(r"\b([a-z][a-z0-9_]*)\b", str(value)) if "{{" in str(value) else []:
+            # The collection's filters (dgx_spark.llm_serving.spark_project_dir) are code, not variables.
+            text = re.sub(re.escape(COLLECTION) + r"\.\w+", "", str(value))
+            for used in re.findall(r"\b([a-z][a-z0-9_]*)\b", text) if "{{" in text else []:
                 assert not (used.startswith(prefixes) and not used.startswith(f"{role.name}_")), (
-                    f"{role.name}: {name} refers to {used}; wire it in group_vars/all/spark.yml instead")
+                    f"{role.name}: {name} refers to {used}; wire it in playbooks/group_vars/all/spark.yml instead")
 
 
 def test_group_vars_fallbacks_equal_the_owning_roles_defaults():
     """group_vars/all falls back to a role's default where that role is not in every play: the two must agree."""
-    wiring = load(REPO / "group_vars" / "all" / "spark.yml")
+    wiring = load(REPO / "playbooks" / "group_vars" / "all" / "spark.yml")
     found = 0
     for value in wiring.values():
         pattern = r"\b((?:server|supervisor|checkpoint|fabric)_[a-z0-9_]*) \| default\(([^)]*)\)"
@@ -230,6 +234,9 @@ def test_tasks_from_names_a_declared_entry_point():
                         if isinstance(args, dict) and args.get("tasks_from"):
                             uses.append((args["name"], args["tasks_from"], args.get("rolespec_validate", True), path))
     assert uses
+    short = [f"{path.relative_to(REPO)}: {role}" for role, _, _, path in uses if not role.startswith(COLLECTION + ".")]
+    assert not short, f"roles included by a name that is not the collection's FQCN ({COLLECTION}.<role>): {short}"
+    uses = [(role.removeprefix(COLLECTION + "."), *rest) for role, *rest in uses]
     for role, entry, validated, path in uses:
         specs = load(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
         assert entry in specs, f"{path.relative_to(REPO)} uses {role} tasks_from {entry}, not declared in its argument specs"
@@ -244,7 +251,7 @@ def test_no_content_reads_the_deprecated_vars_dictionary():
     # per host and task): the warning it would give is then missing, so nothing here may read `vars`.
     reads = re.compile(r"(?<![\w.'\"])vars\s*(\[|\.|\|)")
     files = [*all_task_files(), *(REPO / "roles").glob("*/vars/*.yml"), *(REPO / "roles").glob("*/defaults/*.yml"),
-             *(REPO / "roles").glob("*/templates/*.j2"), *(REPO / "group_vars").rglob("*.yml")]
+             *(REPO / "roles").glob("*/templates/*.j2"), *(REPO / "playbooks" / "group_vars").rglob("*.yml")]
     found = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
              for path in files for number, line in enumerate(path.read_text().splitlines(), 1)
              if not line.lstrip().startswith("#") and reads.search(line)]
@@ -280,13 +287,44 @@ def test_the_benchmarks_package_has_no_import_cycle():
 
 def test_no_content_uses_a_name_from_before_the_engine_neutral_rename():
     # The old names (sglang_server_port, ...) live on only in the site role's filter that maps an inventory's
-    # settings to the new ones (roles/spark/filter_plugins/spark.py) and in the tests of that mapping.
+    # settings to the new ones (plugins/filter/spark.py) and in the tests of that mapping.
     old = re.compile(r"\b_{0,2}sglang_(server|supervisor|verify|doctor|benchmark|tune|monitoring|firewall)_[a-z]")
-    places = [*REPO.glob("roles/**/*"), *REPO.glob("playbooks/**/*"), *REPO.glob("group_vars/**/*"),
+    places = [*REPO.glob("roles/**/*"), *REPO.glob("playbooks/**/*"), *REPO.glob("plugins/**/*"),
               *REPO.glob("inventory/**/*"), *REPO.glob("tests/inventory/**/*"), REPO / "site.yml",
               *REPO.glob("molecule/**/*.yml")]
-    mapping = REPO / "roles" / "spark" / "filter_plugins" / "spark.py"
+    mapping = REPO / "plugins" / "filter" / "spark.py"
     found = [f"{path.relative_to(REPO)}:{number}" for path in places if path.is_file() and path != mapping
              and path.suffix in (".yml", ".yaml", ".j2", ".py", ".json", "")
              for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if old.search(line)]
     assert not found, "names from before the rename: " + ", ".join(found)
+
+
+def test_playbooks_and_roles_reach_the_roles_by_their_fqcn():
+    # A role named short resolves only through the clone's roles_path: from an installed collection it is not found.
+    names = "|".join(r.name for r in ROLES)
+    listed = re.compile(r"^\s*(?:- )?role: (" + names + r")\s*$", re.M)
+    included = re.compile(r"_role:\s*\n\s+name: (" + names + r")\s*$", re.M)
+    places = [*PLAYBOOKS, *sorted((REPO / "playbooks" / "tasks").glob("*.yml")),
+              *sorted(REPO.glob("roles/*/tasks/*.yml")), *sorted(REPO.glob("roles/*/handlers/*.yml")),
+              *sorted(REPO.glob("roles/*/meta/main.yml")), *sorted(REPO.glob("molecule/*/*.yml"))]
+    found = [f"{p.relative_to(REPO)}: {m.group(1)}" for p in places for rx in (listed, included)
+             for m in rx.finditer(p.read_text())]
+    assert not found, f"roles named without {COLLECTION}.: {found}"
+
+
+def test_the_collections_filters_are_called_by_their_fqcn():
+    # A collection's filter has no short name: a template that calls one short fails when it is rendered, in
+    # whichever run first reaches it.
+    names = set()
+    for path in sorted((REPO / "plugins" / "filter").glob("*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, ast.FunctionDef) and function.name == "filters":
+                names.update(key.value for node in ast.walk(function) if isinstance(node, ast.Dict)
+                             for key in node.keys if isinstance(key, ast.Constant))
+    assert "server_plan" in names and "spark_checkpoint_paths" in names
+    short = re.compile(r"""(?:\|\s*|(?:map|select|reject)\(\s*['"])(""" + "|".join(sorted(names)) + r""")\b""")
+    places = [p for p in [*REPO.glob("roles/**/*"), *REPO.glob("playbooks/**/*.yml"), *REPO.glob("molecule/**/*.yml")]
+              if p.is_file() and p.suffix in (".yml", ".j2")]
+    found = [f"{p.relative_to(REPO)}:{n}: {m.group(1)}" for p in places
+             for n, line in enumerate(p.read_text().splitlines(), 1) for m in short.finditer(line)]
+    assert not found, f"filters called without {COLLECTION}.: {found}"

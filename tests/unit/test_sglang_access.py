@@ -129,7 +129,7 @@ def test_subject_alt_names_are_dns_or_ip_entries():
 @pytest.mark.parametrize("tls_cert", ["", "/etc/pki/given.crt"])
 def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credentials_dir, tls_cert):
     """group_vars/all wires verify (and through it doctor and the benchmark) to the server role's files."""
-    wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    wiring = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
     values = {"inventory_dir": "/sites/mine", "server_credentials_dir": credentials_dir,
               "server_tls": True, "server_tls_cert": tls_cert, "server_tls_ca": "/etc/pki/ca.crt"}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)  # noqa: S701 - Ansible values, not HTML
@@ -156,7 +156,7 @@ def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credent
 ])
 def test_the_supervisor_probes_sglang_itself_behind_the_proxy(tls, host, expected):
     """With TLS the supervisor's generation probe (on the head, key from the env file) goes to the loopback backend."""
-    wiring = yaml.safe_load((REPO / "group_vars" / "all" / "spark.yml").read_text())
+    wiring = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
     env = jinja2.Environment(undefined=jinja2.ChainableUndefined)  # noqa: S701 - Ansible values, not HTML
     env.filters["bool"] = bool
     endpoint = env.from_string(wiring["supervisor_endpoint"]).render(

@@ -49,7 +49,7 @@ def _server_stamp_includes() -> list[dict]:
     for name in ("checkpoint.yml", "outside.yml"):
         for task in yaml.safe_load((SERVER / "tasks" / name).read_text()):
             include = task.get("ansible.builtin.include_role")
-            if include and include.get("name") == "checkpoint" and include.get("tasks_from") == "stamp":
+            if include and include.get("name") == "dgx_spark.llm_serving.checkpoint" and include.get("tasks_from") == "stamp":
                 found.append(dict(task, file=name))
     return found
 
@@ -322,7 +322,7 @@ def test_the_module_reports_what_the_server_prints(tmp_path):
 
 
 def test_the_stamp_and_the_record_live_beside_the_model_directory():
-    spec = importlib.util.spec_from_file_location("spark_filter", REPO / "roles" / "spark" / "filter_plugins" / "spark.py")
+    spec = importlib.util.spec_from_file_location("spark_filter", REPO / "plugins" / "filter" / "spark.py")
     spark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(spark)
     paths = spark.spark_checkpoint_paths(MODEL_DIR)

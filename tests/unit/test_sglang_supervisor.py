@@ -1129,7 +1129,7 @@ def test_bad_settings_are_refused(tmp_path, change, message):
 
 
 def load_filter():
-    path = REPO / "roles" / "supervisor" / "filter_plugins" / "supervisor.py"
+    path = REPO / "plugins" / "filter" / "supervisor.py"
     spec = importlib.util.spec_from_file_location("supervisor_filter_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

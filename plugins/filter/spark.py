@@ -7,6 +7,7 @@ verbs read them, for this host and (under --limit, by delegation) for others.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from pathlib import Path
@@ -20,9 +21,9 @@ RENAMED_CONCERNS = ("server", "supervisor", "verify", "doctor", "benchmark", "tu
 LEGACY_NAME = re.compile(r"^sglang_(" + "|".join(RENAMED_CONCERNS) + r")_[a-z0-9_]+$")
 # Names that changed more than their prefix.
 RENAMED = {f"sglang_monitoring_sglang_{x}": f"monitoring_server_{x}" for x in ("port", "tls", "tls_ca")}
-# The project's own wiring (group_vars/all) sets some new names for every host: a site that sets the old name
-# of one of them sets it once, not twice.
-WIRING = Path(__file__).resolve().parents[3] / "group_vars" / "all"
+# The collection's own wiring (playbooks/group_vars/all) sets some new names for every host: a site that sets
+# the old name of one of them sets it once, not twice.
+WIRING = Path(__file__).resolve().parents[2] / "playbooks" / "group_vars" / "all"
 
 
 def spark_checkpoint_paths(model_dir):
@@ -37,6 +38,25 @@ def spark_checkpoint_paths(model_dir):
         "partial_dir": partial,
         "rsync_partial_dir": posixpath.join(partial, "rsync"),
     }
+
+
+def spark_project_dir(playbook_dir):
+    """The directory the controller keeps a site's reports and renders in: the project the playbook belongs to.
+
+    A clone's playbooks/ sit in the project, one level down. An installed collection's playbooks/ belong to
+    no site (a shared, maybe read-only, collections path): a run of them keeps its files in the directory
+    ansible-playbook runs in, the outside project's own.
+    """
+    playbook_dir = os.path.abspath(str(playbook_dir))
+    if f"{os.sep}ansible_collections{os.sep}" in playbook_dir + os.sep and not _is_checkout(playbook_dir):
+        return os.getcwd()
+    return os.path.dirname(playbook_dir) if os.path.basename(playbook_dir) == "playbooks" else playbook_dir
+
+
+def _is_checkout(playbook_dir):
+    # The clone's own link (.collections/ansible_collections/dgx_spark/llm_serving -> the checkout) resolves to a
+    # directory that is not under any ansible_collections/.
+    return f"{os.sep}ansible_collections{os.sep}" not in os.path.realpath(playbook_dir) + os.sep
 
 
 def _wired_names() -> set[str]:
@@ -78,4 +98,5 @@ def spark_renamed_settings(hostvars, hosts):
 
 class FilterModule:
     def filters(self):
-        return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings}
+        return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
+                "spark_project_dir": spark_project_dir}

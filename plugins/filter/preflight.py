@@ -38,9 +38,14 @@ def _version(value, version, op="eq"):
     return getattr(operator, ops.get(op, op))(LooseVersion(str(value)), LooseVersion(str(version)))
 
 
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, undefined=StrictUndefined, keep_trailing_newline=False)
-_ENV.filters["human_readable"] = lambda size, isbits=False, unit=None: bytes_to_human(size, isbits, unit)
-_ENV.tests["version"] = _version
+def _environment():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, undefined=StrictUndefined, keep_trailing_newline=False)
+    env.filters["human_readable"] = lambda size, isbits=False, unit=None: bytes_to_human(size, isbits, unit)
+    env.tests["version"] = _version
+    return env
+
+
+_ENV = _environment()
 
 
 def _text(result, key):
