@@ -13,26 +13,12 @@ import json
 import os
 import re
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+
 PROMPTS = ("short", "medium", "long")
 KIND = "sglang-benchmark"
 URL = re.compile(r"^https?://[^/@\s]+(:[0-9]+)?/?$")
 MAX_STREAMS = 4096
-
-
-def _show(value):
-    if isinstance(value, str):
-        return repr(value)
-    return json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else str(value)
-
-
-def _int(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
-        return int(value)
-    return None
 
 
 def _num(value):
@@ -71,7 +57,7 @@ def concurrency_problem(value):
         return "must be auto or a list of concurrency levels such as [1, 2, 4]"
     if not value:
         return "is empty: there would be nothing to measure"
-    numbers = [_int(v) for v in value]
+    numbers = [_count(v) for v in value]
     if any(n is None or n < 1 or n > MAX_STREAMS for n in numbers):
         return f"holds a value that is not a whole number from 1 to {MAX_STREAMS}"
     if any(b <= a for a, b in zip(numbers, numbers[1:], strict=False)):
@@ -84,7 +70,7 @@ def benchmark_problems(s):
     problems = []
 
     def bad(var, why, fix):
-        problems.append(f"benchmark_{var} = {_show(s.get(var))}: {why}. Fix: {fix}.")
+        problems.append(f"benchmark_{var} = {inputs.shown(s.get(var))}: {why}. Fix: {fix}.")
 
     why = concurrency_problem(s.get("concurrency"))
     if why:
@@ -97,11 +83,11 @@ def benchmark_problems(s):
     for var, low in (("short_tokens", 1), ("medium_tokens", 1), ("max_tokens", 1), ("rounds", 1), ("min_requests", 1),
                      ("max_requests", 1), ("max_seconds", 1), ("stall_timeout", 1), ("request_timeout", 1),
                      ("recall_max_tokens", 1)):
-        n = _int(s.get(var))
+        n = _count(s.get(var))
         if n is None or n < low:
             bad(var, "must be a positive whole number", "give a whole number of at least 1")
     for var in ("context_length", "max_running_requests"):
-        n = _int(s.get(var))
+        n = _count(s.get(var))
         if n is None or n < 0:
             bad(var, "must be 0 (read it from the head's server-args.json) or the server's value",
                 "leave it 0 for a group this collection deployed")
@@ -115,14 +101,14 @@ def benchmark_problems(s):
         bad("recall_depths", "must list one to five depths between 0 and 1", "e.g. [0.1, 0.5, 0.9]")
     endpoint = s.get("endpoint") or ""
     if endpoint and not (isinstance(endpoint, str) and URL.match(endpoint)):
-        problems.append(f"benchmark_endpoint = {_show(re.sub(r'//[^/@]*@', '//<credentials>@', str(endpoint)))}: "
+        problems.append(f"benchmark_endpoint = {inputs.shown(re.sub(r'//[^/@]*@', '//<credentials>@', str(endpoint)))}: "
                         "must be a base URL such as https://spark-0:30000 without credentials or path. Fix: put the key "
                         "in server_api_key (or benchmark_api_key), or leave it empty for the head's endpoint.")
     compare = s.get("compare") or ""
     if compare:
         why = compare_problem(compare)
         if why:
-            problems.append(f"benchmark_compare (benchmark_compare) = {_show(compare)} {why}. Fix: name a "
+            problems.append(f"benchmark_compare (benchmark_compare) = {inputs.shown(compare)} {why}. Fix: name a "
                             "reports/benchmark-*.json file that an earlier playbooks/benchmark.yml run wrote, or leave it empty.")
     return problems
 
@@ -157,8 +143,8 @@ def benchmark_cells(s, slurped=None):
     """The plan: server settings, levels and, per prompt size and level, the requests to send."""
     args = _server_args(slurped)
     problems = []
-    context = _int(s.get("context_length")) or _int(args.get("context-length"))
-    limit = _int(s.get("max_running_requests")) or _int(args.get("max-running-requests"))
+    context = _count(s.get("context_length")) or _count(args.get("context-length"))
+    limit = _count(s.get("max_running_requests")) or _count(args.get("max-running-requests"))
     if not context or not limit:
         where = (slurped or {}).get("source") or "the head's server-args.json"
         reason = (slurped or {}).get("msg") or "it names no --context-length or --max-running-requests"
@@ -222,6 +208,10 @@ def benchmark_line(result, cell, total, elapsed):
             f"{f(s['ttft_ms']['p50'])}/{f(s['ttft_ms']['p99'])} ms; ITL p50 {f(s['itl_ms']['p50'], 1)} ms; "
             f"{f(s['decode_tok_s_per_stream']['p50'], 1)} tok/s per stream, {f(s.get('output_tok_s'), 1)} tok/s in all, "
             f"{f(s.get('requests_per_s'), 2)} req/s; {elapsed:.0f} s elapsed")
+
+
+def _count(value):
+    return inputs.whole_number(value, signed=False, integral_float=False)
 
 
 class FilterModule:

@@ -19,6 +19,9 @@ import json
 import re
 from collections.abc import Mapping
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import drift_of_paths_and_units
+
 IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 NAMES = {
     "allowed_clients": "firewall_allowed_clients",
@@ -28,20 +31,6 @@ NAMES = {
     "fabric_ip": "spark_fabric_ip",
     "ssh_port": "ansible_port",
 }
-
-
-def _show(value):
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return str(value)
 
 
 def _address(text):
@@ -54,16 +43,6 @@ def _address(text):
         return None
 
 
-def _port(value):
-    if isinstance(value, bool):
-        return None
-    try:
-        number = int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-    return number if 1 <= number <= 65535 and str(value).strip().lstrip("+").isdigit() else None
-
-
 def _host_prefix(address):
     return f"{address}/{address.max_prefixlen}"
 
@@ -74,14 +53,14 @@ def _networks(value, var, errors):
         value = []
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         errors.append(
-            f"{var} = {_show(value)}: must be a list of networks (CIDR) or addresses. Fix: e.g. {var}: "
+            f"{var} = {inputs.shown(value)}: must be a list of networks (CIDR) or addresses. Fix: e.g. {var}: "
             "['10.0.0.0/24', '10.0.5.7'], or [] for the head's management subnet."
         )
         return None
     nets = []
     bad = False
     for i, item in enumerate(value):
-        where = f"{var}[{i}] = {_show(item)}"
+        where = f"{var}[{i}] = {inputs.shown(item)}"
         text = item.strip() if isinstance(item, str) else ""
         if not text or "%" in text:
             errors.append(
@@ -146,7 +125,7 @@ def _subnet_of(probe, address):
 def _port_range(value):
     """[low, high] from `net.ipv4.ip_local_port_range` as read ("32768\t60999" or a pair), else None."""
     words = value.split() if isinstance(value, str) else list(value or [])
-    ports = [_port(w) for w in words]
+    ports = [inputs.port(w) for w in words]
     if len(ports) == 2 and None not in ports and ports[0] <= ports[1]:
         return ports
     return None
@@ -202,7 +181,7 @@ def _rules(plan):
         chains["rank_ports"].append(
             {"match": {"dports": plan["dist_ports"]}, "verdict": "drop",
              "comment": "dist-init (TCPStore): fabric peers only",
-             "cause": f"{names['dist_ports']} = {_show(ports if len(ports) > 1 else ports[0])} "
+             "cause": f"{names['dist_ports']} = {inputs.shown(ports if len(ports) > 1 else ports[0])} "
                       "(the TCPStore, listening on every address) "
                       "is closed to all but the TP group's peers on the fabric"})
     if plan["local_ports"]:
@@ -349,28 +328,29 @@ def firewall_plan(ctx, hostvars=None):
     head_probe = ctx.get("head_probe") or (probe if host == head else None)
     is_head = host == head
 
-    http_port = _port(ctx.get("http_port"))
+    http_port = inputs.port(ctx.get("http_port"))
     if http_port is None:
-        errors.append(f"{names['http_port']} = {_show(ctx.get('http_port'))}: the head's HTTP port must be a TCP port "
+        errors.append(f"{names['http_port']} = {inputs.shown(ctx.get('http_port'))}: the head's HTTP port must be a TCP port "
                       "number. Fix: a whole number between 1 and 65535.")
     raw_dist = ctx.get("dist_ports")
     dist_ports = []
     if isinstance(raw_dist, (str, int)) and not isinstance(raw_dist, bool):
         raw_dist = [raw_dist]
     for value in raw_dist if isinstance(raw_dist, (list, tuple)) else [raw_dist]:
-        port = _port(value)
+        port = inputs.port(value)
         if port is None:
-            errors.append(f"{names['dist_ports']} = {_show(ctx.get('dist_ports'))}: {_show(value)} is not a TCP port. "
+            errors.append(f"{names['dist_ports']} = {inputs.shown(ctx.get('dist_ports'))}: {inputs.shown(value)} is not a "
+                          "TCP port. "
                           "Fix: whole numbers between 1 and 65535.")
         elif port not in dist_ports:
             dist_ports.append(port)
     interface = ctx.get("fabric_interface")
     if not isinstance(interface, str) or not IFNAME.match(interface):
-        errors.append(f"{names['fabric_interface']} = {_show(interface)}: the ranks' ports are opened to the peers on "
+        errors.append(f"{names['fabric_interface']} = {inputs.shown(interface)}: the ranks' ports are opened to the peers on "
                       "the fabric interface, which needs its name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1).")
     fabric_ip = _address(str(fabric_ips.get(host)))
     if fabric_ip is None or fabric_ip.version != 4:
-        errors.append(f"hostvars[{host!r}].spark_fabric_ip = {_show(fabric_ips.get(host))}: the ranks' ports on the "
+        errors.append(f"hostvars[{host!r}].spark_fabric_ip = {inputs.shown(fabric_ips.get(host))}: the ranks' ports on the "
                       "fabric are closed to all but the peers, which needs this node's IPv4 fabric address. Fix: set "
                       f"spark_fabric_ip for {host} in the inventory.")
     peers = []
@@ -385,7 +365,7 @@ def firewall_plan(ctx, hostvars=None):
     local_ports = _port_range((probe or {}).get("local_ports")) or [32768, 60999]
     must_reach = ctx.get("must_reach")
     if not isinstance(must_reach, bool):
-        errors.append(f"firewall_controller_must_reach = {_show(must_reach)}: must be true or false. Fix: a "
+        errors.append(f"firewall_controller_must_reach = {inputs.shown(must_reach)}: must be true or false. Fix: a "
                       "YAML boolean.")
         must_reach = True
 
@@ -405,14 +385,14 @@ def firewall_plan(ctx, hostvars=None):
         elif is_head and probe is not None:
             errors.append(
                 f"{allowed_var} = [] (the default, the head's management subnet): no interface of {head} holds its "
-                f"management address {_show(management.get(head))} (ansible_host), so its subnet is unknown. Fix: set "
+                f"management address {inputs.shown(management.get(head))} (ansible_host), so its subnet is unknown. Fix: set "
                 f"{allowed_var} to the networks that may use the endpoint, e.g. ['10.0.0.0/24']."
             )
             known = False
         else:
             known = False  # before any contact: the head's prefix is not known yet
     elif nets:
-        clients_source = f"{allowed_var} {_show([str(n) for n in nets])}"
+        clients_source = f"{allowed_var} {inputs.shown([str(n) for n in nets])}"
 
     def named_address(name, var):
         """The management address of an inventory host the firewall admits by name; None while unknown."""
@@ -422,7 +402,7 @@ def firewall_plan(ctx, hostvars=None):
         if address is None and probe is not None and (ctx.get("probes") or {}).get(name) is None:
             errors.append(
                 f"{var} names {name!r}, whose address the firewall cannot tell: its ansible_host "
-                f"{_show(management.get(name))} is not an IP address and it is not part of this run. Fix: give {name} "
+                f"{inputs.shown(management.get(name))} is not an IP address and it is not part of this run. Fix: give {name} "
                 "its management IP address as ansible_host.")
         return address
 
@@ -433,15 +413,15 @@ def firewall_plan(ctx, hostvars=None):
         clients_source += " and the monitoring host " + ", ".join(str(a) for a in extra)
 
     services = []
-    taken = {http_port: names["http_port"], _port(ctx.get("ssh_port") or 22): names["ssh_port"],
+    taken = {http_port: names["http_port"], inputs.port(ctx.get("ssh_port") or 22): names["ssh_port"],
              **{p: names["dist_ports"] for p in dist_ports}}
     raw_services = ctx.get("service_ports") or []
     for i, given in enumerate(raw_services if isinstance(raw_services, (list, tuple)) else []):
         svc = given if isinstance(given, Mapping) else {}
         var = svc.get("var") or f"firewall_service_ports[{i}]"
-        port = _port(svc.get("port"))
+        port = inputs.port(svc.get("port"))
         if port is None:
-            errors.append(f"{var} = {_show(svc.get('port'))}: not a TCP port. Fix: a whole number between 1 and 65535.")
+            errors.append(f"{var} = {inputs.shown(svc.get('port'))}: not a TCP port. Fix: a whole number between 1 and 65535.")
             continue
         if port in taken:
             errors.append(f"{var} = {port}: {taken[port]} uses that port too. Fix: choose another port for the "
@@ -481,7 +461,7 @@ def firewall_plan(ctx, hostvars=None):
         own = _ssh_connection(probe)[1]
     controller, how = _controller(ctx, probe, routes.get(str(own)) if own else None, f"{host} ({own})")
     plan["controller"] = {"address": str(controller) if controller else "", "how": how}
-    ssh_port = _port(ctx.get("ssh_port") if ctx.get("ssh_port") not in (None, "") else 22)
+    ssh_port = inputs.port(ctx.get("ssh_port") if ctx.get("ssh_port") not in (None, "") else 22)
     if controller not in (None, "local") and own is not None and ssh_port is not None:
         packet = {"saddr": controller, "daddr": own, "dport": ssh_port, "iif": "(management)"}
         verdict, rule = firewall_verdict(plan, packet)
@@ -512,12 +492,12 @@ def firewall_plan(ctx, hostvars=None):
             verdict, rule = firewall_verdict(plan, packet)
             if verdict == "drop":
                 shown = (f"[] (the default: {clients_source})" if default_subnet is not None else
-                         _show(raw_allowed))
+                         inputs.shown(raw_allowed))
                 wanted = [str(n) for n in nets] + [_host_prefix(head_controller)]
                 errors.append(
                     f"{allowed_var} = {shown}: excludes the controller ({head_controller}: {head_how}), which asks the "
                     f"endpoint http://{head_address}:{http_port} in playbooks/verify.yml; the firewall would drop it. "
-                    f"Fix: add the controller, e.g. {allowed_var}: {_show(wanted)}, or verify from the head itself "
+                    f"Fix: add the controller, e.g. {allowed_var}: {inputs.shown(wanted)}, or verify from the head itself "
                     "(verify_run_on: head)."
                 )
     return plan
@@ -538,23 +518,7 @@ def firewall_drift(probe, want):
     drift = []
     if not probe.get("nft"):
         drift.append("nft not installed")
-    paths = probe.get("paths") or {}
-    for item in want.get("paths") or []:
-        have = paths.get(item["path"]) or {"type": "absent"}
-        if have.get("type") != "file":
-            drift.append(f"{item['path']}: {have.get('type')}, not a file")
-            continue
-        for key in ("owner", "group", "mode", "checksum"):
-            if item.get(key) not in (None, "") and str(have.get(key)) != str(item[key]):
-                drift.append(f"{item['path']}: {key} differs" if key == "checksum"
-                             else f"{item['path']}: {key} {have.get(key)}, not {item[key]}")
-    units = probe.get("units") or {}
-    for name in want.get("units") or []:
-        state = units.get(name) or {}
-        if state.get("active") != "active":
-            drift.append(f"{name} not active ({state.get('active') or 'unknown'})")
-        if state.get("enabled") != "enabled":
-            drift.append(f"{name} not enabled ({state.get('enabled') or 'no unit file'})")
+    drift += drift_of_paths_and_units(probe, want)
     if want.get("table") and not probe.get("table_loaded"):
         drift.append("the table is not loaded")
     return drift

@@ -16,6 +16,9 @@ import re
 import stat
 from collections.abc import Mapping
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import drift_of_paths_and_units
+
 # Prometheus's duration (model.ParseDuration): units from years to milliseconds, largest first.
 DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
 DURATION_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
@@ -33,18 +36,6 @@ ALERT_FOR_KEYS = (
 # The supervisor's states (roles/supervisor/files/sglang_supervisor.py, STATES), as the node
 # collector exports them.
 SUPERVISOR_STATES = ("healthy", "probing-failed", "restarting", "waiting-for-node", "stopped", "paused", "gave-up")
-
-
-def _show(value):
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
 
 
 def duration_seconds(text):
@@ -75,13 +66,6 @@ def _number(value):
     return number if math.isfinite(number) else None
 
 
-def _port(value):
-    if isinstance(value, bool):
-        return None
-    text = str(value).strip()
-    return int(text) if text.isdigit() and 1 <= int(text) <= 65535 else None
-
-
 def _networks(value):
     """(networks, problem) for a list of CIDRs or addresses."""
     if value is None:
@@ -93,7 +77,7 @@ def _networks(value):
         try:
             nets.append(ipaddress.ip_network(str(item).strip(), strict=True))
         except ValueError as err:
-            return None, f"{_show(item)} is not a network ({err})"
+            return None, f"{inputs.shown(item)} is not a network ({err})"
     return nets, None
 
 
@@ -116,7 +100,7 @@ def monitoring_plan(ctx):
     errors = []
     monitoring = _flag(ctx.get("monitoring"))
     if monitoring is None:
-        errors.append(f"spark_monitoring = {_show(ctx.get('monitoring'))}: must be true or false. Fix: a YAML "
+        errors.append(f"spark_monitoring = {inputs.shown(ctx.get('monitoring'))}: must be true or false. Fix: a YAML "
                       "boolean.")
         return {"errors": errors, "monitor": ""}
     monitor = ctx.get("monitor") or ""
@@ -130,7 +114,7 @@ def monitoring_plan(ctx):
     if setting:
         if not isinstance(setting, str) or setting not in inventory:
             errors.append(
-                f"spark_monitor_host = {_show(setting)}: not a host of the inventory, so nothing can install "
+                f"spark_monitor_host = {inputs.shown(setting)}: not a host of the inventory, so nothing can install "
                 f"Prometheus there or reach it. Fix: add it to the inventory (e.g. in the group {group}), or set "
                 f"spark_monitor_host to one of {', '.join(sorted(inventory)) or 'its hosts'}, or leave it empty for "
                 "the head.")
@@ -145,17 +129,17 @@ def monitoring_plan(ctx):
         value = ctx.get(key)
         seconds = duration_seconds(value)
         if seconds is None or seconds <= 0:
-            errors.append(f"{var} = {_show(value)}: not a Prometheus duration. Fix: a positive duration such as "
+            errors.append(f"{var} = {inputs.shown(value)}: not a Prometheus duration. Fix: a positive duration such as "
                           "'15s', '1m' or '1h30m' (units ms, s, m, h, d, w, y, largest first).")
     retention = ctx.get("retention_time")
     size = ctx.get("retention_size")
     retention_seconds = duration_seconds(retention) if retention not in (None, "") else 0
     if retention_seconds is None:
-        errors.append(f"monitoring_retention_time = {_show(retention)}: not a Prometheus duration, so "
+        errors.append(f"monitoring_retention_time = {inputs.shown(retention)}: not a Prometheus duration, so "
                       "Prometheus would refuse to start. Fix: e.g. '15d', '720h' or '2w'.")
     size_ok = size in (None, "") or (isinstance(size, str) and SIZE.match(size.strip()))
     if not size_ok:
-        errors.append(f"monitoring_retention_size = {_show(size)}: not a Prometheus size, so Prometheus would "
+        errors.append(f"monitoring_retention_size = {inputs.shown(size)}: not a Prometheus size, so Prometheus would "
                       "refuse to start. Fix: a whole number with B, KB, MB, GB, TB, PB or EB, e.g. '4GB'.")
     if retention_seconds == 0 and size in (None, "") and size_ok:
         errors.append("monitoring_retention_time = '' and monitoring_retention_size = '': retention "
@@ -172,15 +156,15 @@ def monitoring_plan(ctx):
         value = ctx.get(key)
         number = _number(value)
         if number is None:
-            errors.append(f"{var} = {_show(value)}: not a number, so the alert rule could not compare with it. Fix: "
+            errors.append(f"{var} = {inputs.shown(value)}: not a number, so the alert rule could not compare with it. Fix: "
                           f"{example}.")
         elif number < low or (high is not None and number > high) or (key != "queue_threshold" and number == low):
             bound = f"between {low} and {high}" if high is not None else f"above {low}"
-            errors.append(f"{var} = {_show(value)}: out of range. Fix: {example} ({bound}).")
+            errors.append(f"{var} = {inputs.shown(value)}: out of range. Fix: {example} ({bound}).")
 
     alert_for = ctx.get("alert_for")
     if not isinstance(alert_for, Mapping):
-        errors.append(f"monitoring_alert_for = {_show(alert_for)}: must map each alert to a duration. Fix: "
+        errors.append(f"monitoring_alert_for = {inputs.shown(alert_for)}: must map each alert to a duration. Fix: "
                       f"keys {', '.join(ALERT_FOR_KEYS)}, values such as '5m'.")
     else:
         for key, value in alert_for.items():
@@ -188,18 +172,18 @@ def monitoring_plan(ctx):
                 errors.append(f"monitoring_alert_for[{key!r}]: no such alert. Fix: one of "
                               f"{', '.join(ALERT_FOR_KEYS)}.")
             elif duration_seconds(value) is None:
-                errors.append(f"monitoring_alert_for[{key!r}] = {_show(value)}: not a Prometheus duration. "
+                errors.append(f"monitoring_alert_for[{key!r}] = {inputs.shown(value)}: not a Prometheus duration. "
                               "Fix: e.g. '0s', '30s' or '5m'.")
 
     ports = {}
     for var, key in (("monitoring_prometheus_port", "prometheus_port"),
                      ("monitoring_node_exporter_port", "node_exporter_port")):
-        port = _port(ctx.get(key))
+        port = inputs.port(ctx.get(key))
         if port is None:
-            errors.append(f"{var} = {_show(ctx.get(key))}: not a TCP port. Fix: a whole number between 1 and 65535.")
+            errors.append(f"{var} = {inputs.shown(ctx.get(key))}: not a TCP port. Fix: a whole number between 1 and 65535.")
         else:
             ports[var] = port
-    taken = {"server_port": _port(ctx.get("server_port")), "ansible_port": _port(ctx.get("ssh_port") or 22)}
+    taken = {"server_port": inputs.port(ctx.get("server_port")), "ansible_port": inputs.port(ctx.get("ssh_port") or 22)}
     for var, port in ports.items():
         for other, used in [*taken.items(), *((v, p) for v, p in ports.items() if v < var)]:
             if used == port:
@@ -210,49 +194,49 @@ def monitoring_plan(ctx):
         value = ctx.get(key)
         text = str(value).strip()
         if isinstance(value, bool) or not text.isdigit() or not low <= int(text) <= high:
-            errors.append(f"{var} = {_show(value)}: must be a whole number between {low} and {high}. Fix: e.g. "
+            errors.append(f"{var} = {inputs.shown(value)}: must be a whole number between {low} and {high}. Fix: e.g. "
                           f"{low if key == 'collector_interval' else 20}.")
 
     nets, problem = _networks(ctx.get("allowed_clients"))
     if problem:
-        errors.append(f"monitoring_allowed_clients = {_show(ctx.get('allowed_clients'))}: {problem}. Fix: "
+        errors.append(f"monitoring_allowed_clients = {inputs.shown(ctx.get('allowed_clients'))}: {problem}. Fix: "
                       "a list such as ['10.0.0.0/24', '10.0.5.7'], or [] for nobody but the monitoring host.")
     managers = ctx.get("alertmanagers")
     if not isinstance(managers, (list, tuple)) or any(
-            not isinstance(m, str) or not HOST_PORT.match(m) or not _port(HOST_PORT.match(m).group(1))
+            not isinstance(m, str) or not HOST_PORT.match(m) or not inputs.port(HOST_PORT.match(m).group(1))
             for m in managers):
-        errors.append(f"monitoring_alertmanagers = {_show(managers)}: must be a list of 'host:port'. Fix: e.g. "
+        errors.append(f"monitoring_alertmanagers = {inputs.shown(managers)}: must be a list of 'host:port'. Fix: e.g. "
                       "['10.0.0.5:9093'], or [] for none.")
     for var, key in (("monitoring_journal_max_use", "journal_max_use"),
                      ("monitoring_journal_keep_free", "journal_keep_free")):
         value = ctx.get(key)
         if not isinstance(value, (str, int)) or isinstance(value, bool) or not JOURNAL_SIZE.match(str(value).strip()):
-            errors.append(f"{var} = {_show(value)}: not a journald size. Fix: bytes or a number with K, M, G or T, "
+            errors.append(f"{var} = {inputs.shown(value)}: not a journald size. Fix: bytes or a number with K, M, G or T, "
                           "e.g. '4G'.")
     kinds = ctx.get("reports_kinds")
     if not isinstance(kinds, (list, tuple)) or not all(isinstance(k, str) and re.match(r"^[a-z][a-z0-9_]*$", k)
                                                        for k in kinds):
-        errors.append(f"monitoring_reports_kinds = {_show(kinds)}: must be a list of report kinds (the name "
+        errors.append(f"monitoring_reports_kinds = {inputs.shown(kinds)}: must be a list of report kinds (the name "
                       "before the time, e.g. 'verify' in verify-20260101T000000Z.json). Fix: e.g. [verify, doctor].")
     if _flag(ctx.get("scrape_with_api_key")) is None:
-        errors.append(f"monitoring_scrape_with_api_key = {_show(ctx.get('scrape_with_api_key'))}: must be true "
+        errors.append(f"monitoring_scrape_with_api_key = {inputs.shown(ctx.get('scrape_with_api_key'))}: must be true "
                       "or false. Fix: a YAML boolean.")
 
     url = ctx.get("grafana_url") or ""
     if url:
         if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
-            errors.append(f"spark_grafana_url = {_show(url)}: not an http(s) URL. Fix: e.g. "
+            errors.append(f"spark_grafana_url = {inputs.shown(url)}: not an http(s) URL. Fix: e.g. "
                           "'https://grafana.example:3000', or '' for no Grafana.")
         token_file = ctx.get("grafana_token_file") or ""
         try:
             info = os.stat(token_file)
         except OSError as err:
-            errors.append(f"monitoring_grafana_token_file = {_show(token_file)}: {err.strerror} on the "
+            errors.append(f"monitoring_grafana_token_file = {inputs.shown(token_file)}: {err.strerror} on the "
                           "controller, and Grafana's API wants a token. Fix: put a Grafana service account token "
                           "there (mode 0600), or set spark_grafana_url: '' for no Grafana.")
         else:
             if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                errors.append(f"monitoring_grafana_token_file = {_show(token_file)}: mode "
+                errors.append(f"monitoring_grafana_token_file = {inputs.shown(token_file)}: mode "
                               f"{stat.S_IMODE(info.st_mode):04o} lets other users read the token. Fix: "
                               f"chmod 600 {token_file}.")
     return {"errors": errors, "monitor": monitor}
@@ -270,7 +254,7 @@ def monitoring_targets(ctx, hostvars):
     nodes = list(ctx.get("nodes") or [])
     head = ctx.get("head")
     monitor = ctx.get("monitor")
-    node_port = _port(ctx.get("node_exporter_port"))
+    node_port = inputs.port(ctx.get("node_exporter_port"))
     out = []
     for rank, node in enumerate(nodes):
         out.append({"job": "node", "target": _host_port(_target_address(node, hostvars), node_port),
@@ -490,23 +474,7 @@ def monitoring_drift(probe, want):
     drift = []
     packages = probe.get("packages") or {}
     drift += [f"package {name} not installed" for name in want.get("packages") or [] if not packages.get(name)]
-    paths = probe.get("paths") or {}
-    for item in want.get("paths") or []:
-        have = paths.get(item["path"]) or {"type": "absent"}
-        if have.get("type") != item.get("type", "file"):
-            drift.append(f"{item['path']}: {have.get('type')}, not a {item.get('type', 'file')}")
-            continue
-        for key in ("owner", "group", "mode", "checksum"):
-            if item.get(key) not in (None, "") and str(have.get(key)) != str(item[key]):
-                drift.append(f"{item['path']}: {key} differs" if key == "checksum"
-                             else f"{item['path']}: {key} {have.get(key)}, not {item[key]}")
-    units = probe.get("units") or {}
-    for name in want.get("units") or []:
-        state = units.get(name) or {}
-        if state.get("active") != "active":
-            drift.append(f"{name} not active ({state.get('active') or 'unknown'})")
-        if state.get("enabled") != "enabled":
-            drift.append(f"{name} not enabled ({state.get('enabled') or 'no unit file'})")
+    drift += drift_of_paths_and_units(probe, want)
     return drift
 
 

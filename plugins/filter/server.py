@@ -20,6 +20,8 @@ import posixpath
 import re
 from collections.abc import Mapping
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+
 # Values end up unquoted in a systemd ExecStart line: whitespace, quotes, `$`,
 # `%` (systemd specifiers), `\` and `;` would change what docker receives.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+,=-]+$")
@@ -42,33 +44,8 @@ PROFILES = "server_profiles"
 ACK = "server_acknowledge_backend_change"
 
 
-def _show(value):
-    """Render a value the way the operator typed it in YAML."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
-
-
 def _is_bool(value):
     return isinstance(value, bool)
-
-
-def _as_int(value):
-    if _is_bool(value):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and INT_TEXT.match(value.strip()):
-        return int(value.strip())
-    return None
 
 
 def _as_float(value):
@@ -104,7 +81,7 @@ def _vocabulary(model):
 
 def _check_override(name, value, spec, ack, errors):
     """Validate one override of a flag the model describes; return the normalised value."""
-    where = f"{OVR}[{name!r}] = {_show(value)}"
+    where = f"{OVR}[{name!r}] = {inputs.shown(value)}"
     kind = spec["kind"]
     dropped = value is None or value is False
     default = spec.get("default")
@@ -114,7 +91,7 @@ def _check_override(name, value, spec, ack, errors):
         if changed:
             action = "drops" if dropped else "changes"
             errors.append(
-                f"{where}: this {action} the load-bearing --{name} {'switch' if kind == 'switch' else _show(default)} "
+                f"{where}: this {action} the load-bearing --{name} {'switch' if kind == 'switch' else inputs.shown(default)} "
                 f"({spec.get('why', 'field-tested on sm_121')}); on GB10 (sm_121) the seed's backend set is load-bearing "
                 f"and a change fails at start-up or misbehaves later. Fix: remove '{name}' from {OVR}, or set "
                 f"{ACK}: true if you know why this change works on sm_121."
@@ -125,7 +102,7 @@ def _check_override(name, value, spec, ack, errors):
         if spec.get("keep"):
             errors.append(
                 f"{where}: drops --{name} ({' '.join(spec['keep'].split())}). Fix: give a value instead "
-                f"(the seed uses {_show(default)}), or remove '{name}' from {OVR}."
+                f"(the seed uses {inputs.shown(default)}), or remove '{name}' from {OVR}."
             )
         return None
 
@@ -134,7 +111,7 @@ def _check_override(name, value, spec, ack, errors):
             errors.append(f"{where}: --{name} is a bare switch. Fix: use true to set it or false to drop it.")
         return True
     if kind in ("int", "float"):
-        parse, wanted = (_as_int, "a whole number") if kind == "int" else (_as_float, "a number")
+        parse, wanted = (inputs.whole_number, "a whole number") if kind == "int" else (_as_float, "a number")
         article = "an integer" if kind == "int" else "a number"
         number = parse(value)
         if number is None:
@@ -153,7 +130,7 @@ def _check_override(name, value, spec, ack, errors):
     # choice / string
     if _is_bool(value) or not isinstance(value, (str, int, float)):
         errors.append(
-            f"{where}: --{name} takes a single word value. Fix: give a string such as {_show(default)}."
+            f"{where}: --{name} takes a single word value. Fix: give a string such as {inputs.shown(default)}."
         )
         return None
     text = str(value)
@@ -161,7 +138,7 @@ def _check_override(name, value, spec, ack, errors):
     if choices and text not in choices:
         errors.append(
             f"{where}: --{name} accepts only {', '.join(choices)}. Fix: pick one of those (the seed uses "
-            f"{_show(default)})."
+            f"{inputs.shown(default)})."
         )
         return None
     if not SAFE_VALUE.match(text):
@@ -175,7 +152,7 @@ def _check_override(name, value, spec, ack, errors):
 
 def _check_extra(name, value, errors):
     """Validate an override of a flag outside the model (passed through as typed)."""
-    where = f"{OVR}[{name!r}] = {_show(value)}"
+    where = f"{OVR}[{name!r}] = {inputs.shown(value)}"
     if value is None or value is False:
         return None
     if value is True:
@@ -212,14 +189,14 @@ def _check_overrides(model, overrides, ack, errors):
         overrides = {}
     if not isinstance(overrides, Mapping):
         errors.append(
-            f"{OVR} = {_show(overrides)}: must be a mapping from flag name (without dashes) to value. "
+            f"{OVR} = {inputs.shown(overrides)}: must be a mapping from flag name (without dashes) to value. "
             f"Fix: e.g. {OVR}: {{context-length: 32768}}."
         )
         return effective, extras
 
     for raw_name, value in overrides.items():
         name = str(raw_name)
-        where = f"{OVR}[{name!r}] = {_show(value)}"
+        where = f"{OVR}[{name!r}] = {inputs.shown(value)}"
         if name.startswith("-"):
             errors.append(
                 f"{where}: flag names are given without the leading dashes. Fix: use {name.lstrip('-')!r} "
@@ -287,7 +264,7 @@ def _with_profile(ctx, model, ack, errors):
     profiles = {} if profiles is None else profiles
     if not isinstance(profiles, Mapping):
         errors.append(
-            f"{PROFILES} = {_show(profiles)}: must be a mapping from profile name to flag overrides. Fix: e.g. "
+            f"{PROFILES} = {inputs.shown(profiles)}: must be a mapping from profile name to flag overrides. Fix: e.g. "
             f"{PROFILES}: {{ctx131072-req2: {{context-length: 131072, max-running-requests: 2}}}} (playbooks/tune.yml "
             "writes such a file)."
         )
@@ -299,7 +276,7 @@ def _with_profile(ctx, model, ack, errors):
         )
     if not isinstance(name, str) or (name != "default" and name not in profiles):
         errors.append(
-            f"{PROFILE} = {_show(name)}: no such profile. Fix: choose one of "
+            f"{PROFILE} = {inputs.shown(name)}: no such profile. Fix: choose one of "
             f"{', '.join(['default'] + sorted(map(str, profiles)))}, or add it to {PROFILES} (playbooks/tune.yml writes "
             "a file of them to keep in the inventory)."
         )
@@ -309,7 +286,8 @@ def _with_profile(ctx, model, ack, errors):
     flags = profiles[name]
     where = f"{PROFILES}[{name!r}]"
     if not isinstance(flags, Mapping):
-        errors.append(f"{where} = {_show(flags)}: must be a mapping of flag overrides. Fix: e.g. {{context-length: 131072}}.")
+        errors.append(f"{where} = {inputs.shown(flags)}: must be a mapping of flag overrides. "
+                      "Fix: e.g. {context-length: 131072}.")
         return overrides
     # The profile's flags meet the same guard rails; a problem names the profile.
     found = []
@@ -320,7 +298,8 @@ def _with_profile(ctx, model, ack, errors):
     for flag in flags:
         if flag in overrides and str(overrides[flag]) != str(flags[flag]):
             errors.append(
-                f"{OVR}[{flag!r}] = {_show(overrides[flag])}, but {PROFILE} = {name!r} sets {flag} = {_show(flags[flag])}: "
+                f"{OVR}[{flag!r}] = {inputs.shown(overrides[flag])}, but {PROFILE} = {name!r} sets {flag} = "
+                f"{inputs.shown(flags[flag])}: "
                 f"two values for one flag. Fix: remove '{flag}' from {OVR}, or choose another profile."
             )
     return {**flags, **overrides}
@@ -343,7 +322,7 @@ def _check_combinations(model, effective, errors):
             )
         else:
             errors.append(
-                f"{OVR}[{name!r}] = {_show(value)}: {detail}. Fix: set '{name}' to {spec['require']!r} or remove it "
+                f"{OVR}[{name!r}] = {inputs.shown(value)}: {detail}. Fix: set '{name}' to {spec['require']!r} or remove it "
                 f"from {OVR}."
             )
 
@@ -354,7 +333,7 @@ def _check_combinations(model, effective, errors):
         value = effective.get(spec["name"])
         if value in ("bfloat16", "bf16"):
             continue
-        shown = "dropped (SGLang then picks the dtype itself)" if value is None else f"= {_show(value)}"
+        shown = "dropped (SGLang then picks the dtype itself)" if value is None else f"= {inputs.shown(value)}"
         errors.append(
             f"{OVR}[{spec['name']!r}] {shown}: the tilelang DSA kernels ({', '.join('--' + n for n in tilelang)}) "
             f"need a bfloat16 KV cache on sm_121. Fix: keep kv-cache-dtype bfloat16 (remove it from {OVR})."
@@ -365,13 +344,13 @@ def _check_model_dir(model_dir, errors):
     var = "server_model_dir"
     if not isinstance(model_dir, str) or not model_dir:
         errors.append(
-            f"{var} = {_show(model_dir)}: must be the absolute path of the checkpoint directory on the "
+            f"{var} = {inputs.shown(model_dir)}: must be the absolute path of the checkpoint directory on the "
             "nodes. Fix: e.g. /opt/models/glm53 (set spark_model_dir)."
         )
         return None
     if REPO_ID.match(model_dir) and not model_dir.startswith("."):
         errors.append(
-            f"{var} = {_show(model_dir)}: this looks like a Hugging Face repo id, but the engine opens "
+            f"{var} = {inputs.shown(model_dir)}: this looks like a Hugging Face repo id, but the engine opens "
             f"os.path.join(model_path, 'processor_config.json') directly and fails with a file-missing error. "
             f"Fix: download it first (hf download {model_dir} --local-dir /opt/models/glm53) and set "
             "spark_model_dir to that absolute directory."
@@ -379,20 +358,20 @@ def _check_model_dir(model_dir, errors):
         return None
     if not model_dir.startswith("/"):
         errors.append(
-            f"{var} = {_show(model_dir)}: a relative path depends on the unit's working directory. Fix: "
+            f"{var} = {inputs.shown(model_dir)}: a relative path depends on the unit's working directory. Fix: "
             "give the absolute directory, e.g. /opt/models/glm53."
         )
         return None
     if not SAFE_PATH.match(model_dir):
         errors.append(
-            f"{var} = {_show(model_dir)}: contains whitespace or shell/systemd metacharacters that would "
+            f"{var} = {inputs.shown(model_dir)}: contains whitespace or shell/systemd metacharacters that would "
             "break the docker -v mount. Fix: use a path of letters, digits and ._/+- only."
         )
         return None
     normal = posixpath.normpath(model_dir)
     if model_dir != "/" and model_dir.endswith("/"):
         errors.append(
-            f"{var} = {_show(model_dir)}: ends in a slash, so its last component (the served model name, and the "
+            f"{var} = {inputs.shown(model_dir)}: ends in a slash, so its last component (the served model name, and the "
             "name of the checkpoint record and stamp beside it) would be empty. Fix: drop the trailing slash, "
             f"e.g. {normal if normal != '/' else '/opt/models/glm53'} (set spark_model_dir)."
         )
@@ -400,13 +379,13 @@ def _check_model_dir(model_dir, errors):
     if normal != model_dir and ".." not in model_dir.split("/"):
         # The checkpoint role names its record and stamp after the path as written.
         errors.append(
-            f"{var} = {_show(model_dir)}: not written in its normal form, so the roles would name the checkpoint's "
+            f"{var} = {inputs.shown(model_dir)}: not written in its normal form, so the roles would name the checkpoint's "
             f"record and stamp after different spellings. Fix: {normal} (set spark_model_dir)."
         )
         return None
     if normal == "/" or ".." in model_dir.split("/") or normal.count("/") < 2:
         errors.append(
-            f"{var} = {_show(model_dir)}: must name the checkpoint directory itself, at least two levels deep (its "
+            f"{var} = {inputs.shown(model_dir)}: must name the checkpoint directory itself, at least two levels deep (its "
             "record, stamp and partial files go beside it, in its parent). Fix: e.g. /opt/models/glm53."
         )
         return None
@@ -455,7 +434,7 @@ def _check_topology(ctx, errors):
             address = ipaddress.IPv4Address(str(ip))
         except ValueError:
             errors.append(
-                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: every rank needs the IPv4 address of its fabric "
+                f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: every rank needs the IPv4 address of its fabric "
                 f"link (NCCL binds to it, the head's is --dist-init-addr). Fix: set spark_fabric_ip for {node} in the inventory."
             )
             ok = False
@@ -463,7 +442,7 @@ def _check_topology(ctx, errors):
         owners.setdefault(str(address), []).append(node)
         if str(managed.get(node, node)) == str(address):
             errors.append(
-                f"hostvars[{node!r}].spark_fabric_ip = {_show(ip)}: equals its ansible_host, the management address, so "
+                f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: equals its ansible_host, the management address, so "
                 "the ranks would rendezvous and exchange tensors over the management network (and the fabric role would "
                 f"move that address onto the fabric port). Fix: give {node} its address on the direct ConnectX-7 link "
                 "(DGX default 192.168.100.x) as spark_fabric_ip."
@@ -494,7 +473,7 @@ def _model_config(read):
 
 def _check_shape(ctx, model, nodes, errors):
     """The group must be able to shard and hold the model: heads divisible by --tp-size, weights in memory."""
-    gpus = _as_int(ctx.get("server_gpus_per_node"))
+    gpus = inputs.whole_number(ctx.get("server_gpus_per_node"))
     if not nodes or gpus is None or gpus < 1:
         return
     shape = model.get("model") or {}
@@ -515,8 +494,8 @@ def _check_shape(ctx, model, nodes, errors):
             f"every layer's heads evenly across the ranks, and SGLang refuses this split at start-up. Fix: use a node "
             f"count that divides them (2 DGX Sparks for this model) in {workers_name}."
         )
-    size = _as_int(ctx.get("checkpoint_bytes"))
-    memory = _as_int(shape.get("gpu_memory_bytes"))
+    size = inputs.whole_number(ctx.get("checkpoint_bytes"))
+    memory = inputs.whole_number(shape.get("gpu_memory_bytes"))
     if len(nodes) == 1 and ctx.get("acknowledge_single_node") is not True:
         fits = f"{size / 2**30:.0f} GiB" if size else "the checkpoint"
         errors.append(
@@ -547,20 +526,20 @@ def _check_pem(var, path, kind, errors):
     """A controller file nginx (or a client) will read: absolute, there, readable, PEM of the right kind."""
     fix = f"Fix: give the absolute controller path of a readable PEM {kind} file, or leave {var} empty"
     if not isinstance(path, str) or not path.startswith("/"):
-        errors.append(f"{var} = {_show(path)}: not an absolute path on the controller (the role copies the file from "
+        errors.append(f"{var} = {inputs.shown(path)}: not an absolute path on the controller (the role copies the file from "
                       f"the machine running Ansible). {fix}.")
         return
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16).decode("ascii", errors="replace")
     except FileNotFoundError:
-        errors.append(f"{var} = {_show(path)}: no such file on the controller. {fix}.")
+        errors.append(f"{var} = {inputs.shown(path)}: no such file on the controller. {fix}.")
         return
     except OSError as err:
-        errors.append(f"{var} = {_show(path)}: cannot be read on the controller ({err.strerror or err}). {fix}.")
+        errors.append(f"{var} = {inputs.shown(path)}: cannot be read on the controller ({err.strerror or err}). {fix}.")
         return
     if not all(marker in head for marker in PEM_MARKERS[kind]):
-        errors.append(f"{var} = {_show(path)}: not a PEM {kind} (no {' ... '.join(PEM_MARKERS[kind])} line), so nginx "
+        errors.append(f"{var} = {inputs.shown(path)}: not a PEM {kind} (no {' ... '.join(PEM_MARKERS[kind])} line), so nginx "
                       f"would refuse to start. {fix}.")
 
 
@@ -588,20 +567,20 @@ def _check_access(ctx, port, dist, errors):
         text = str(value).strip().lower()
         flags[var] = value if isinstance(value, bool) else text in ("true", "yes", "on", "1")
         if not isinstance(value, bool) and text not in ("true", "yes", "on", "1", "false", "no", "off", "0"):
-            errors.append(f"{var} = {_show(value)}: must be true or false. Fix: use a YAML boolean.")
+            errors.append(f"{var} = {inputs.shown(value)}: must be true or false. Fix: use a YAML boolean.")
     credentials = ctx.get("server_credentials_dir") or ""
     if not isinstance(credentials, str) or (credentials and not credentials.startswith("/")):
         errors.append(
-            f"server_credentials_dir = {_show(credentials)}: the generated key and CA would land in a directory "
+            f"server_credentials_dir = {inputs.shown(credentials)}: the generated key and CA would land in a directory "
             "that depends on where each controller task runs. Fix: give an absolute controller path, or leave it empty "
             "for <inventory_dir>/.credentials."
         )
     if not flags["server_tls"]:
         return None
-    backend = _as_int(ctx.get("server_tls_backend_port"))
+    backend = inputs.whole_number(ctx.get("server_tls_backend_port"))
     if backend is None or not 1 <= backend <= 65535:
         errors.append(
-            f"server_tls_backend_port = {_show(ctx.get('server_tls_backend_port'))}: SGLang's own port "
+            f"server_tls_backend_port = {inputs.shown(ctx.get('server_tls_backend_port'))}: SGLang's own port "
             "behind nginx must be a TCP port number. Fix: give a whole number between 1 and 65535 (default 30001)."
         )
         backend = None
@@ -630,7 +609,7 @@ def _check_access(ctx, port, dist, errors):
         sans = []
     if isinstance(sans, str) or not isinstance(sans, (list, tuple)) or not all(isinstance(n, str) and SAN.match(n) for n in sans):
         errors.append(
-            f"server_tls_subject_alt_names = {_show(sans)}: must be a list of DNS:name or IP:address entries. "
+            f"server_tls_subject_alt_names = {inputs.shown(sans)}: must be a list of DNS:name or IP:address entries. "
             "Fix: e.g. ['DNS:llm.example.org', 'IP:10.0.0.10'], or []."
         )
     return backend
@@ -644,7 +623,7 @@ def _check_image_tag(image, digest, errors):
     tag = name.split(":", 1)[1] if ":" in name else ""
     if tag in ("", "latest"):
         errors.append(
-            f"server_image = {_show(image)}: {'no tag means :latest' if not tag else ':latest'}, a tag that "
+            f"server_image = {inputs.shown(image)}: {'no tag means :latest' if not tag else ':latest'}, a tag that "
             "moves, so nodes pulling at different times run different images, and the generic image lacks the "
             "glm5_next model code. Fix: the per-model arm64 image lmsysorg/sglang:glm-5.3-flash-arm64, or pin a digest "
             "with server_image_digest."
@@ -654,10 +633,10 @@ def _check_image_tag(image, digest, errors):
 def _check_scalars(ctx, errors):
     def need_int(var, low, high, why):
         value = ctx.get(var)
-        number = _as_int(value)
+        number = inputs.whole_number(value)
         if number is None or not low <= number <= high:
             errors.append(
-                f"{var} = {_show(value)}: {why}. Fix: give a whole number between {low} and {high}."
+                f"{var} = {inputs.shown(value)}: {why}. Fix: give a whole number between {low} and {high}."
             )
             return None
         return number
@@ -677,20 +656,20 @@ def _check_scalars(ctx, errors):
         value = ctx.get(var)
         if not isinstance(value, str) or not DOCKER_SIZE.match(value):
             errors.append(
-                f"{var} = {_show(value)}: docker expects a size such as 120g. Fix: a number followed by "
+                f"{var} = {inputs.shown(value)}: docker expects a size such as 120g. Fix: a number followed by "
                 "b, k, m or g."
             )
 
     image = ctx.get("server_image")
     if not isinstance(image, str) or not IMAGE_REF.match(image):
         errors.append(
-            f"server_image = {_show(image)}: not a docker image reference. Fix: e.g. "
+            f"server_image = {inputs.shown(image)}: not a docker image reference. Fix: e.g. "
             "lmsysorg/sglang:glm-5.3-flash-arm64."
         )
     digest = ctx.get("server_image_digest")
     if digest and (not isinstance(digest, str) or not DIGEST.match(digest)):
         errors.append(
-            f"server_image_digest = {_show(digest)}: a pin is 'sha256:' and 64 lowercase hex "
+            f"server_image_digest = {inputs.shown(digest)}: a pin is 'sha256:' and 64 lowercase hex "
             "digits. Fix: copy the RepoDigest's sha256 part, or leave it empty."
         )
     _check_image_tag(image, digest, errors)
@@ -698,7 +677,7 @@ def _check_scalars(ctx, errors):
     unit = ctx.get("spark_unit_name")
     if not isinstance(unit, str) or not UNIT_NAME.match(unit):
         errors.append(
-            f"spark_unit_name = {_show(unit)}: must be a systemd service unit name. Fix: e.g. "
+            f"spark_unit_name = {inputs.shown(unit)}: must be a systemd service unit name. Fix: e.g. "
             "sglang.service."
         )
 
@@ -707,14 +686,14 @@ def _check_scalars(ctx, errors):
         ipaddress.ip_address(str(host))
     except ValueError:
         errors.append(
-            f"server_host = {_show(host)}: the HTTP bind address must be an IP address. Fix: "
+            f"server_host = {inputs.shown(host)}: the HTTP bind address must be an IP address. Fix: "
             "0.0.0.0, or the head's address."
         )
 
     ifname = ctx.get("server_fabric_interface")
     if not isinstance(ifname, str) or not IFNAME.match(ifname):
         errors.append(
-            f"server_fabric_interface = {_show(ifname)}: NCCL/Gloo/TP need the fabric link's "
+            f"server_fabric_interface = {inputs.shown(ifname)}: NCCL/Gloo/TP need the fabric link's "
             "interface name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1)."
         )
 
@@ -723,7 +702,7 @@ def _check_scalars(ctx, errors):
         hca = []
     if isinstance(hca, str) or not isinstance(hca, (list, tuple)) or not all(isinstance(h, str) and HCA.match(h) for h in hca):
         errors.append(
-            f"server_nccl_ib_hca = {_show(hca)}: must be a list of HCA names such as ['mlx5_0']. "
+            f"server_nccl_ib_hca = {inputs.shown(hca)}: must be a list of HCA names such as ['mlx5_0']. "
             "Fix: give a list, or [] to let NCCL choose."
         )
 
@@ -759,7 +738,7 @@ def _as_bool(value):
 def _check_switches(ctx, errors):
     for var, value in (ctx.get("switches") or {}).items():
         if _as_bool(value) is None:
-            errors.append(f"{var} = {_show(value)}: must be true or false ({SWITCHES.get(var, 'a switch')}). "
+            errors.append(f"{var} = {inputs.shown(value)}: must be true or false ({SWITCHES.get(var, 'a switch')}). "
                           "Fix: use a YAML boolean, e.g. -e " + var + "=true.")
 
 
@@ -781,7 +760,7 @@ def server_plan(ctx, model, hostvars=None):
         ctx["ansible_hosts"] = {n: hostvars[n].get("ansible_host", n) for n in names if n in hostvars}
     ack = ctx.get(ACK)
     if not isinstance(ack, bool):
-        errors.append(f"{ACK} = {_show(ack)}: must be true or false. Fix: use a YAML boolean.")
+        errors.append(f"{ACK} = {inputs.shown(ack)}: must be true or false. Fix: use a YAML boolean.")
         ack = False
     effective, extras = _check_overrides(model, _with_profile(ctx, model, ack, errors), ack, errors)
     _check_combinations(model, effective, errors)
@@ -797,7 +776,7 @@ def server_plan(ctx, model, hostvars=None):
     if errors:
         return plan
 
-    gpus = _as_int(ctx["server_gpus_per_node"])
+    gpus = inputs.whole_number(ctx["server_gpus_per_node"])
     container_dir = posixpath.join(ctx.get("container_model_root", "/models"), posixpath.basename(model_dir))
     rank = nodes.index(ctx["inventory_hostname"])
     derived = {
@@ -890,7 +869,7 @@ def _args_drift(args_result, expected_args, path):
     have, want = _flag_map(installed), _flag_map(expected_args)
 
     def show(value):
-        return "a switch" if value is True else _show(value)
+        return "a switch" if value is True else inputs.shown(value)
 
     drift = []
     for flag, value in want.items():

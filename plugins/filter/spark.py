@@ -8,12 +8,12 @@ verbs read them, for this host and (under --limit, by delegation) for others.
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
 
 # The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
 # settings were sglang_<concern>_*, and are <concern>_* since.
@@ -27,17 +27,9 @@ WIRING = Path(__file__).resolve().parents[2] / "playbooks" / "group_vars" / "all
 
 
 def spark_checkpoint_paths(model_dir):
-    """Return {record, stamp, partial_dir, rsync_partial_dir} for a model directory."""
-    model_dir = str(model_dir)
-    parent, name = posixpath.split(model_dir)
-    partial = posixpath.join(parent, f".{name}.partial")
-    return {
-        "model_dir": model_dir,
-        "record": posixpath.join(parent, f"{name}.record.json"),
-        "stamp": posixpath.join(parent, f"{name}.verified"),
-        "partial_dir": partial,
-        "rsync_partial_dir": posixpath.join(partial, "rsync"),
-    }
+    """The record, stamp and partial directories beside a model directory: the rule the checkpoint modules
+    apply to their defaults (plugins/module_utils/checkpoint_common.py), for the roles' tasks."""
+    return checkpoint_paths(str(model_dir))
 
 
 def spark_project_dir(playbook_dir):

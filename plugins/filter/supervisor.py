@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+
 # The supervisor's numeric settings: (variable, smallest value, what it is, an example). Whole
 # seconds or counts: the role hands them to the program through `| int`, which would turn a value
 # that does not parse into 0 without a word.
@@ -22,14 +24,6 @@ NUMBERS = (
     ("supervisor_node_wait_report", 1, "seconds between two reports while a node does not answer", "600"),
     ("supervisor_readiness_timeout", 1, "seconds a group restart may take to serve", "3600"),
 )
-
-
-def _show(value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _whole(value):
@@ -56,7 +50,7 @@ def supervisor_plan(ctx):
     errors = []
     enabled = _flag(ctx.get("supervisor_enabled"))
     if enabled is None:
-        errors.append(f"supervisor_enabled = {_show(ctx.get('supervisor_enabled'))}: must be true or "
+        errors.append(f"supervisor_enabled = {inputs.shown(ctx.get('supervisor_enabled'))}: must be true or "
                       "false. Fix: a YAML boolean.")
     if not enabled:
         return {"errors": errors}
@@ -65,7 +59,7 @@ def supervisor_plan(ctx):
         raw = ctx.get(var)
         number = _whole(raw)
         if number is None or number < low:
-            errors.append(f"{var} = {_show(raw)}: must be a whole number >= {low} ({what}). Fix: e.g. {var}: {example}.")
+            errors.append(f"{var} = {inputs.shown(raw)}: must be a whole number >= {low} ({what}). Fix: e.g. {var}: {example}.")
         else:
             values[var] = number
     initial = values.get("supervisor_backoff_initial")
@@ -83,7 +77,7 @@ def supervisor_plan(ctx):
                       f">= {streak} (default 20 per 6 h), or lower supervisor_max_restarts.")
     command = ctx.get("supervisor_alert_command")
     if command is not None and not isinstance(command, str):
-        errors.append(f"supervisor_alert_command = {_show(command)}: must be a shell command string (it gets "
+        errors.append(f"supervisor_alert_command = {inputs.shown(command)}: must be a shell command string (it gets "
                       "the give-up's JSON on stdin). Fix: e.g. \"curl -fsS -X POST --data-binary @- https://hooks."
                       "example/sglang\", or \"\" for none.")
     return {"errors": errors}

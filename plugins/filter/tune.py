@@ -14,6 +14,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+
 TUNED = ("context-length", "max-running-requests")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -29,20 +31,6 @@ CAPACITY = (
 )
 
 
-def _int(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
-        return int(value)
-    return None
-
-
-def _show(value):
-    return repr(value) if isinstance(value, str) else json.dumps(value)
-
-
 def _flag(model, name):
     return next((f for f in (model or {}).get("flags", []) if f.get("name") == name), {})
 
@@ -55,34 +43,34 @@ def tune_problems(s, model):
     low = int(ctx_flag.get("min", 1024))
     contexts = s.get("contexts")
     if not isinstance(contexts, (list, tuple)) or not contexts:
-        problems.append(f"tune_contexts = {_show(contexts)}: must be a non-empty list of context lengths. Fix: "
+        problems.append(f"tune_contexts = {inputs.shown(contexts)}: must be a non-empty list of context lengths. Fix: "
                         "e.g. [65536, 131072, 262144].")
     else:
-        numbers = [_int(c) for c in contexts]
+        numbers = [_count(c) for c in contexts]
         if any(n is None for n in numbers):
-            problems.append(f"tune_contexts = {_show(contexts)}: holds a value that is not a whole number. Fix: "
+            problems.append(f"tune_contexts = {inputs.shown(contexts)}: holds a value that is not a whole number. Fix: "
                             "give token counts such as 65536.")
         else:
             above = [n for n in numbers if n > window]
             if above:
-                problems.append(f"tune_contexts = {_show(contexts)}: {', '.join(map(str, above))} is above the model's "
+                problems.append(f"tune_contexts = {inputs.shown(contexts)}: {', '.join(map(str, above))} is above the model's "
                                 f"window of {window} tokens (the flag model's context-length maximum): SGLang would refuse "
                                 f"the start. Fix: drop it, or cap the list at {window}.")
             below = [n for n in numbers if n < low]
             if below:
-                problems.append(f"tune_contexts = {_show(contexts)}: {', '.join(map(str, below))} is below "
+                problems.append(f"tune_contexts = {inputs.shown(contexts)}: {', '.join(map(str, below))} is below "
                                 f"context-length's minimum of {low}. Fix: drop it.")
             if any(b <= a for a, b in zip(numbers, numbers[1:], strict=False)):
-                problems.append(f"tune_contexts = {_show(contexts)}: not strictly increasing. Fix: list each "
+                problems.append(f"tune_contexts = {inputs.shown(contexts)}: not strictly increasing. Fix: list each "
                                 "context length once, shortest first.")
-    cap = _int(s.get("max_requests"))
+    cap = _count(s.get("max_requests"))
     high = int(req_flag.get("max", 64))
     if cap is None or not 1 <= cap <= high:
-        problems.append(f"tune_max_requests = {_show(s.get('max_requests'))}: the most max-running-requests to try "
+        problems.append(f"tune_max_requests = {inputs.shown(s.get('max_requests'))}: the most max-running-requests to try "
                         f"must be a whole number from 1 to {high} (the flag model's range). Fix: e.g. {high}.")
     apply = s.get("apply") or ""
     if apply and (not isinstance(apply, str) or not NAME.match(apply)):
-        problems.append(f"tune_apply (tune_apply) = {_show(apply)}: not a profile name. Fix: a name the tune "
+        problems.append(f"tune_apply (tune_apply) = {inputs.shown(apply)}: not a profile name. Fix: a name the tune "
                         "reports, such as ctx131072-req2, or default.")
     return problems
 
@@ -98,7 +86,7 @@ def tune_effective(profile, profiles, overrides, model):
     """(context-length, max-running-requests) the inventory deploys: overrides, else the profile, else the seed."""
     flags = dict(((profiles or {}).get(profile) or {}) if profile not in (None, "", "default") else {})
     flags.update(overrides or {})
-    return [_int(flags.get(name, _flag(model, name).get("default"))) for name in TUNED]
+    return [_count(flags.get(name, _flag(model, name).get("default"))) for name in TUNED]
 
 
 def tune_base_id(base, image, revision):
@@ -240,6 +228,10 @@ def tune_figures(result):
     s = levels[0]["summary"]
     return {"ttft_ms_p50": s["ttft_ms"]["p50"], "itl_ms_p50": s["itl_ms"]["p50"],
             "decode_tok_s": s["decode_tok_s_per_stream"]["p50"], "report": (result or {}).get("json")}
+
+
+def _count(value):
+    return inputs.whole_number(value, signed=False, integral_float=False)
 
 
 class FilterModule:

@@ -8,10 +8,10 @@ it holds, its record digest and when it vouches for a checkpoint. checkpoint_ver
 checkpoint_stamp reads it for other roles, both through this file, so the
 stamp's meaning has one owner.
 
-Standard library only, no Ansible import: the modules import it as
-``ansible.module_utils.checkpoint_common`` (Ansible ships it with each module
-from the role's module_utils directory, also to the hub client's venv) and the
-unit tests load the file directly.
+The standard library and the collection's own helpers only, no Ansible import: the modules import it as
+``ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common`` (Ansible ships it
+with each module, also into the hub client's venv), the site's filter on the controller for the paths,
+and the unit tests load the file directly.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import stat
 import threading
 import time
 from collections import deque
+
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.inputs import shown
 
 # A pinned commit: anything shorter or symbolic can move or be ambiguous.
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -228,8 +230,8 @@ def partial_bytes(directory: str) -> int:
 def checkpoint_paths(model_dir: str) -> dict:
     """The record, verified-stamp and partial directories beside ``model_dir``, named after it.
 
-    The same rule as the spark role's ``spark_checkpoint_paths`` filter, which the role's tasks use
-    (a unit test holds the two to the same answers); the modules use it for their defaults.
+    The modules use it for their defaults, and the roles' tasks through the ``spark_checkpoint_paths`` filter
+    (plugins/filter/spark.py), which returns what this does.
     """
     parent, name = posixpath.split(model_dir)
     partial = posixpath.join(parent, f".{name}.partial")
@@ -447,19 +449,6 @@ def stamp_matches(stamp, record: dict) -> bool:
         and stamp.get("record_sha256") == record_digest(record["files"])
 
 
-def show(value) -> str:
-    """Render a value the way the operator typed it in YAML."""
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, str):
-        return repr(value)
-    return str(value)
-
-
 def _json_object(read, path, what, errors):
     """The object a read_json result holds; None (with the problem noted) when there is none."""
     data, problem = read
@@ -492,24 +481,24 @@ def stamp_problems(stamp_read, record_read, *, revision, model_dir, stamp_path, 
     errors: list[str] = []
     if not isinstance(revision, str) or not REVISION_RE.fullmatch(revision):
         errors.append(
-            f"{revision_variable} = {show(revision)} is not a pinned 40-hex commit, so no stamp can "
+            f"{revision_variable} = {shown(revision)} is not a pinned 40-hex commit, so no stamp can "
             "be matched against it (set checkpoint_revision in the inventory)"
         )
     stamp = _json_object(stamp_read, stamp_path, "the verified-stamp", errors)
     record = _json_object(record_read, record_path, "the checkpoint record", errors)
     if stamp is not None:
         if stamp.get("mode") != "deep":
-            errors.append(f"the stamp {stamp_path} records a {show(stamp.get('mode'))} check, not a deep one")
+            errors.append(f"the stamp {stamp_path} records a {shown(stamp.get('mode'))} check, not a deep one")
         if isinstance(revision, str) and stamp.get("revision") != revision:
             errors.append(
-                f"the stamp {stamp_path} is for revision {show(stamp.get('revision'))}, the pinned revision is "
-                f"{show(revision)}"
+                f"the stamp {stamp_path} is for revision {shown(stamp.get('revision'))}, the pinned revision is "
+                f"{shown(revision)}"
             )
         stamped_dir = stamp.get("model_dir")
         if not isinstance(stamped_dir, str) or posixpath.normpath(stamped_dir) != posixpath.normpath(str(model_dir)):
             errors.append(
-                f"the stamp {stamp_path} vouches for {show(stamped_dir)}, not for {model_dir_variable} = "
-                f"{show(model_dir)}"
+                f"the stamp {stamp_path} vouches for {shown(stamped_dir)}, not for {model_dir_variable} = "
+                f"{shown(model_dir)}"
             )
     if stamp is not None and record is not None:
         files = record.get("files")
@@ -522,8 +511,8 @@ def stamp_problems(stamp_read, record_read, *, revision, model_dir, stamp_path, 
             )
         if record.get("revision") != stamp.get("revision") or record.get("repo_id") != stamp.get("repo_id"):
             errors.append(
-                f"the record {record_path} is of {show(record.get('repo_id'))}@{show(record.get('revision'))}, the "
-                f"stamp of {show(stamp.get('repo_id'))}@{show(stamp.get('revision'))}"
+                f"the record {record_path} is of {shown(record.get('repo_id'))}@{shown(record.get('revision'))}, the "
+                f"stamp of {shown(stamp.get('repo_id'))}@{shown(stamp.get('revision'))}"
             )
     return errors
 

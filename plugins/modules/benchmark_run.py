@@ -111,7 +111,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: One level
-  benchmark_run:
+  dgx_spark.llm_serving.benchmark_run:
     endpoint: http://spark-0:30000
     model: /models/glm53
     mode: level

@@ -127,7 +127,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Fetch the checkpoint
-  checkpoint_fetch:
+  dgx_spark.llm_serving.checkpoint_fetch:
     repo_id: LibertAIDAI/GLM-5.3-Flash-NVFP4
     revision: 0123456789abcdef0123456789abcdef01234567
     model_dir: /opt/models/glm53
@@ -137,7 +137,7 @@ EXAMPLES = r"""
     ansible_python_interpreter: /opt/checkpoint-client/bin/python
 
 - name: Fetch only the files that verification found bad
-  checkpoint_fetch:
+  dgx_spark.llm_serving.checkpoint_fetch:
     repo_id: LibertAIDAI/GLM-5.3-Flash-NVFP4
     revision: 0123456789abcdef0123456789abcdef01234567
     model_dir: /opt/models/glm53

@@ -60,20 +60,12 @@ options:
     default: transfer
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
 """
 
 EXAMPLES = r"""
 - name: Report fetch progress
-  checkpoint_progress:
+  dgx_spark.llm_serving.checkpoint_progress:
     path: /opt/models/.glm53.partial/progress.json
     jid: "{{ fetch_job.ansible_job_id }}"
   register: progress

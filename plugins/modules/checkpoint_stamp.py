@@ -50,17 +50,9 @@ options:
     default: checkpoint_revision
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
 seealso:
-  - module: checkpoint_verify
+  - module: dgx_spark.llm_serving.checkpoint_verify
     description: Writes the stamp after a passing deep verification.
 """
 
@@ -77,7 +69,7 @@ EXAMPLES = r"""
 
 # Inside the checkpoint role.
 - name: Read whether the verified-stamp vouches for the checkpoint
-  checkpoint_stamp:
+  dgx_spark.llm_serving.checkpoint_stamp:
     model_dir: /opt/models/glm53
     revision: 0123456789abcdef0123456789abcdef01234567
     stamp_path: /opt/models/glm53.verified

@@ -125,7 +125,7 @@ requirements:
 
 EXAMPLES = r"""
 - name: Send the files the worker lacks over a one-time rsync daemon on the fabric
-  checkpoint_sync:
+  dgx_spark.llm_serving.checkpoint_sync:
     src_dir: /opt/models/glm53
     dest_host: 192.168.100.11
     dest_dir: /opt/models/glm53

@@ -135,20 +135,20 @@ attributes:
   platform:
     platforms: posix
 seealso:
-  - module: checkpoint_stamp
+  - module: dgx_spark.llm_serving.checkpoint_stamp
     description: Reads the stamp for other roles.
 """
 
 EXAMPLES = r"""
 - name: Check the checkpoint quickly and learn what must be fetched again
-  checkpoint_verify:
+  dgx_spark.llm_serving.checkpoint_verify:
     model_dir: /opt/models/glm53
     record_path: /opt/models/glm53.record.json
     fail_on_problems: false
   register: verify
 
 - name: Hash what changed since the last verification and stamp the directory as verified
-  checkpoint_verify:
+  dgx_spark.llm_serving.checkpoint_verify:
     model_dir: /opt/models/glm53
     record_path: /opt/models/glm53.record.json
     mode: deep
@@ -158,7 +158,7 @@ EXAMPLES = r"""
       modeling_glm5_next.py: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 
 - name: Read whether the directory needs nothing at all
-  checkpoint_verify:
+  dgx_spark.llm_serving.checkpoint_verify:
     model_dir: /opt/models/glm53
     record_path: /opt/models/glm53.record.json
     revision: 0123456789abcdef0123456789abcdef01234567

@@ -42,7 +42,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Write the bundle
-  doctor_bundle:
+  dgx_spark.llm_serving.doctor_bundle:
     dest: /srv/reports/doctor-20261130T120000Z.tar.gz
     files:
       - path: spark-0/journal.log

@@ -62,20 +62,12 @@ options:
     default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
 """
 
 EXAMPLES = r"""
 - name: Read the rank
-  doctor_probe:
+  dgx_spark.llm_serving.doctor_probe:
     unit: sglang.service
     journal_lines: 2000
     container: sglang
@@ -145,6 +137,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import parse_show
 
 # One round trip for what tells how the rank's starts went: the unit's journal with each line's invocation ID
 # (the filter splits the current start from the earlier ones), the kernel's OOM kills, the docker daemon's events
@@ -216,27 +209,6 @@ def slurp(path):
             return {"content": base64.b64encode(f.read()).decode("ascii"), "source": path}
     except OSError as exc:
         return {"msg": f"could not read {path}: {exc.strerror}", "source": path}
-
-
-def parse_show(text):
-    """`systemctl show` output -> {property: value}; an Exec* value in braces may span lines (as the systemd
-    module parses it)."""
-    parsed, multival, key = {}, [], None
-    for line in text.splitlines():
-        if key is None:
-            if "=" in line:
-                key, value = line.split("=", 1)
-                if key.startswith("Exec") and value.lstrip().startswith("{") and not value.rstrip().endswith("}"):
-                    multival.append(value)
-                    continue
-                parsed[key] = value.strip()
-                key = None
-        else:
-            multival.append(line)
-            if line.rstrip().endswith("}"):
-                parsed[key] = "\n".join(multival).strip()
-                multival, key = [], None
-    return parsed
 
 
 def main():

@@ -74,21 +74,13 @@ options:
     default: 0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
 """
 
 EXAMPLES = r"""
 # Inside the fabric role (tasks/validate.yml).
 - name: Read the node's fabric state
-  fabric_probe:
+  dgx_spark.llm_serving.fabric_probe:
     peers: [192.168.100.11]
     firewall: true
     host_key_types: [ed25519, ecdsa, rsa]
@@ -163,7 +155,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import path_facts
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import path_facts
 
 NETDEVS = "/sys/class/net"
 UFW_ACTIVE = re.compile(r"^Status: active", re.MULTILINE)

@@ -27,32 +27,15 @@ options:
     description: The table to look for, as C(family name).
     type: str
     required: true
-  paths:
-    description: Files to read.
-    type: list
-    elements: str
-    default: []
-  units:
-    description: systemd units whose state to read.
-    type: list
-    elements: str
-    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
+  - dgx_spark.llm_serving.paths_and_units
 """
 
 EXAMPLES = r"""
 - name: Read the node
-  firewall_probe:
+  dgx_spark.llm_serving.firewall_probe:
     table: inet sglang_guard
   register: __firewall_probe
 """
@@ -96,7 +79,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import path_facts, unit_states
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import PATHS_AND_UNITS, drift_facts, unit_states
 
 
 def _environ(pid):
@@ -131,21 +114,10 @@ def ssh_connection():
     return ""
 
 
-def read_path(path):
-    facts = path_facts(path, follow_symlinks=False)
-    if facts is None:
-        return {"type": "absent"}
-    info = {"type": facts["kind"], "owner": facts["owner"], "group": facts["group"], "mode": facts["mode"]}
-    if facts["kind"] == "file":
-        info["checksum"] = facts["sha1"]
-    return info
-
-
 def main():
     module = AnsibleModule(argument_spec={
         "table": {"type": "str", "required": True},
-        "paths": {"type": "list", "elements": "str", "default": []},
-        "units": {"type": "list", "elements": "str", "default": []},
+        **PATHS_AND_UNITS,
     }, supports_check_mode=True)
     addrs = []
     ip = module.get_bin_path("ip")
@@ -167,7 +139,7 @@ def main():
     except OSError:
         local_ports = ""
     module.exit_json(changed=False, addrs=addrs, ssh_connection=ssh_connection(), local_ports=local_ports, nft=nft,
-                     table_loaded=loaded, paths={p: read_path(p) for p in module.params["paths"]},
+                     table_loaded=loaded, paths={p: drift_facts(p) for p in module.params["paths"]},
                      units=unit_states(module, module.params["units"]))
 
 

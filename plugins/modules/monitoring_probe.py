@@ -23,32 +23,15 @@ options:
     type: list
     elements: str
     default: []
-  paths:
-    description: Files and directories to read.
-    type: list
-    elements: str
-    default: []
-  units:
-    description: systemd units whose state to read.
-    type: list
-    elements: str
-    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
+  - dgx_spark.llm_serving.paths_and_units
 """
 
 EXAMPLES = r"""
 - name: Read the node
-  monitoring_probe:
+  dgx_spark.llm_serving.monitoring_probe:
     packages: [prometheus-node-exporter]
     paths: [/etc/systemd/journald.conf.d/60-sglang-monitoring.conf]
     units: [prometheus-node-exporter.service]
@@ -74,7 +57,7 @@ units:
 
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import path_facts, unit_states
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import PATHS_AND_UNITS, drift_facts, unit_states
 
 
 def read_packages(module, names):
@@ -91,25 +74,14 @@ def read_packages(module, names):
     return found
 
 
-def read_path(path):
-    facts = path_facts(path, follow_symlinks=False)
-    if facts is None:
-        return {"type": "absent"}
-    info = {"type": facts["kind"], "owner": facts["owner"], "group": facts["group"], "mode": facts["mode"]}
-    if facts["kind"] == "file":
-        info["checksum"] = facts["sha1"]
-    return info
-
-
 def main():
     module = AnsibleModule(argument_spec={
         "packages": {"type": "list", "elements": "str", "default": []},
-        "paths": {"type": "list", "elements": "str", "default": []},
-        "units": {"type": "list", "elements": "str", "default": []},
+        **PATHS_AND_UNITS,
     }, supports_check_mode=True)
     params = module.params
     module.exit_json(changed=False, packages=read_packages(module, params["packages"]),
-                     paths={p: read_path(p) for p in params["paths"]}, units=unit_states(module, params["units"]))
+                     paths={p: drift_facts(p) for p in params["paths"]}, units=unit_states(module, params["units"]))
 
 
 if __name__ == "__main__":

@@ -59,15 +59,7 @@ options:
     default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-    details: Reads only; it runs the same in check mode.
-  diff_mode:
-    support: N/A
-    details: Never changes anything.
-  platform:
-    platforms: posix
+  - dgx_spark.llm_serving.read_only
 seealso:
   - module: ansible.builtin.setup
     description: Collects the same architecture and distribution facts.
@@ -76,7 +68,7 @@ seealso:
 EXAMPLES = r"""
 # Inside the preflight role (tasks/probe.yml).
 - name: Probe the node
-  preflight_probe:
+  dgx_spark.llm_serving.preflight_probe:
     model_dir: /opt/models/glm53
     server_container: sglang
     list_netdevs: true

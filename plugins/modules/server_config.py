@@ -63,7 +63,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Keep what passed readiness until verify says it is good
-  server_config:
+  dgx_spark.llm_serving.server_config:
     state: pending
     files: {unit: /etc/systemd/system/sglang.service, env: /etc/sglang/sglang.env, args: /etc/sglang/server-args.json}
     store: /etc/sglang
@@ -110,42 +110,23 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import read_bytes
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.server_store import (
+    KINDS,
+    LAST_GOOD,
+    MANIFEST,
+    PENDING,
+    installed_paths,
+    load,
+)
 
-PENDING = "pending"
-LAST_GOOD = "last-good"
-MANIFEST = "config.json"
 # The env file may hold the API key; the others are what systemd and the doctor read anyway.
 MODES = {"unit": 0o644, "env": 0o600, "args": 0o644}
 LABELS = {"unit": "unit", "env": "env file", "args": "server-args.json"}
-KINDS = ("unit", "env", "args")
-
-
-def _read(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def load(store, name):
-    """The copy `name` in `store`: {"files": {kind: bytes}, "image": {...}, "kept": str}, or None."""
-    folder = os.path.join(store, name)
-    text = _read(os.path.join(folder, MANIFEST))
-    if text is None:
-        return None
-    try:
-        manifest = json.loads(text)
-        files = {kind: _read(os.path.join(folder, manifest["files"][kind])) for kind in KINDS}
-    except (ValueError, KeyError, TypeError):
-        return None
-    if any(content is None for content in files.values()):
-        return None
-    return {"files": files, "image": manifest.get("image") or {}, "kept": manifest.get("kept", "")}
 
 
 def installed(paths):
-    return {kind: _read(paths[kind]) for kind in KINDS}
+    return {kind: read_bytes(paths[kind]) for kind in KINDS}
 
 
 def differences(a_files, a_image_id, b):
@@ -269,10 +250,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    paths = p["files"] or {}
-    missing = [k for k in KINDS if not paths.get(k)]
-    if missing:
-        module.fail_json(msg=f"files needs the paths of {', '.join(missing)}")
+    paths = installed_paths(module)
     store, state, docker = p["store"], p["state"], Docker(module)
     last_good, pending = load(store, LAST_GOOD), load(store, PENDING)
     result = {"changed": False, "differs": False, "differences": [], "unit_changed": False, "retagged": False}

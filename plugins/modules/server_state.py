@@ -82,7 +82,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Pull the image and read the rank
-  server_state:
+  dgx_spark.llm_serving.server_state:
     image_ref: lmsysorg/sglang:glm-5.3-flash-arm64
     model_config: /opt/models/glm53/config.json
     files: {unit: /etc/systemd/system/sglang.service, env: /etc/sglang/sglang.env, args: /etc/sglang/server-args.json}
@@ -144,38 +144,15 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import exists_facts as describe
-
-KINDS = ("unit", "env", "args")
-
-
-def read_bytes(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import exists_facts as describe
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import read_bytes, unit_properties
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.server_store import KINDS, installed_paths, load
 
 
 def kept(store, name):
     """The kept copy `name`: ({kind: bytes}, image ID), or None."""
-    folder = os.path.join(store, name)
-    try:
-        manifest = json.loads(read_bytes(os.path.join(folder, "config.json")) or b"")
-        files = {kind: read_bytes(os.path.join(folder, manifest["files"][kind])) for kind in KINDS}
-        image_id = (manifest.get("image") or {}).get("image_id") or ""
-    except (ValueError, KeyError, TypeError):
-        return None
-    if any(content is None for content in files.values()):
-        return None
-    return files, image_id
-
-
-def unit_state(module, unit):
-    rc, out, _ = module.run_command(["systemctl", "show", unit, "-p", "ActiveState", "-p", "UnitFileState",
-                                     "-p", "LoadState"])
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
-    return {key: props.get(key, "") for key in ("ActiveState", "UnitFileState", "LoadState")}
+    copy = load(store, name)
+    return None if copy is None else (copy["files"], copy["image"].get("image_id") or "")
 
 
 def main():
@@ -197,10 +174,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    paths = p["files"] or {}
-    missing = [k for k in KINDS if not paths.get(k)]
-    if missing:
-        module.fail_json(msg=f"files needs the paths of {', '.join(missing)}")
+    paths = installed_paths(module)
     result = {"changed": False}
 
     # The pull first: a moved tag is a change the run applies, like docker's own pull reports it.
@@ -229,7 +203,7 @@ def main():
 
     result["files"] = {kind: describe(paths[kind]) for kind in KINDS}
     result["files"]["dir"] = describe(p["config_dir"], with_sum=False)
-    result["unit"] = unit_state(module, p["unit"])
+    result["unit"] = unit_properties(module, [p["unit"]], ("ActiveState", "UnitFileState", "LoadState"))[p["unit"]]
     ib = "/dev/infiniband"
     result["rdma"] = os.path.isdir(ib) and not os.path.islink(ib)
     result["proxy"] = os.path.exists(p["nginx_conf"])

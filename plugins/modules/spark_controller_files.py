@@ -56,7 +56,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Write the node's rendered launch arguments
-  spark_controller_files:
+  dgx_spark.llm_serving.spark_controller_files:
     dest: /srv/rendered/spark-0
     files:
       - name: server-args.json

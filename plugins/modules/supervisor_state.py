@@ -39,7 +39,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Read the supervisor on the head
-  supervisor_state:
+  dgx_spark.llm_serving.supervisor_state:
     paths: [/usr/local/lib/sglang-supervisor, /etc/sglang/supervisor.json]
     unit: sglang-supervisor.service
 """
@@ -56,7 +56,7 @@ unit:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_files import exists_facts as describe
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import exists_facts as describe
 
 
 def main():

@@ -55,8 +55,17 @@ def run_module(name: str, args: dict, tmp: Path, *, check: bool = False, python:
         raise AssertionError(f"{name} printed no JSON: {proc.stdout}\n{proc.stderr}") from err
 
 
+def collection_importable() -> None:
+    """Lets this process import the collection's code by its package name, as Ansible ships it: a filter or a
+    module_utils file loaded from its path imports the shared helpers as
+    ``ansible_collections.dgx_spark.llm_serving.plugins.module_utils.<name>``."""
+    if str(COLLECTIONS) not in sys.path:
+        sys.path.insert(0, str(COLLECTIONS))
+
+
 def module_utils(name: str):
     """plugins/module_utils/<name>.py imported as a module (the helpers are plain Python)."""
+    collection_importable()
     module_name = f"module_utils_{name}"
     if module_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(module_name, MODULE_UTILS / f"{name}.py")

@@ -15,6 +15,8 @@ from types import ModuleType
 
 import yaml
 
+from tests.lib.role_module import collection_importable
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 
@@ -70,6 +72,7 @@ def action_plugin(name: str) -> ModuleType:
 
 
 def _load(path: Path, module_name: str) -> ModuleType:
+    collection_importable()
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up here

@@ -343,6 +343,12 @@ def test_every_module_documents_its_attributes_examples_and_return_values(name):
     assert doc["module"] == name
     assert "checkpoint role's internal use" in " ".join(doc["description"])
     assert "ansible.builtin.action_common_attributes" in doc["extends_documentation_fragment"]
+    for fragment in doc["extends_documentation_fragment"]:
+        if fragment.startswith("dgx_spark.llm_serving."):  # the collection's own, as ansible-doc merges it
+            fragment_doc = ast.parse((REPO / "plugins" / "doc_fragments" / f"{fragment.rsplit('.', 1)[1]}.py").read_text())
+            text = next(n.value.value for n in ast.walk(fragment_doc) if isinstance(n, ast.Assign)
+                        and n.targets[0].id == "DOCUMENTATION")
+            doc.setdefault("attributes", {}).update(yaml.safe_load(text)["attributes"])
     assert doc["attributes"]["check_mode"]["support"] in ("full", "partial")
     assert doc["attributes"]["diff_mode"]["support"] in ("full", "partial", "none", "N/A")
     assert yaml.safe_load(blocks["EXAMPLES"]) and yaml.safe_load(blocks["RETURN"])

@@ -328,3 +328,20 @@ def test_the_collections_filters_are_called_by_their_fqcn():
     found = [f"{p.relative_to(REPO)}:{n}: {m.group(1)}" for p in places
              for n, line in enumerate(p.read_text().splitlines(), 1) for m in short.finditer(line)]
     assert not found, f"filters called without {COLLECTION}.: {found}"
+
+
+def test_no_helper_is_written_twice_in_the_collections_code():
+    # A helper that two plugins need lives once, in plugins/module_utils (the modules and the filters import it
+    # by its FQCN): the same function body in two files is a copy that will drift. Short bodies (a return or
+    # two) are not helpers worth sharing.
+    bodies: dict[str, list[str]] = {}
+    for path in sorted((REPO / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = node.body[1:] if ast.get_docstring(node) else node.body
+                if node.end_lineno - node.lineno < 5:
+                    continue
+                shape = ast.dump(ast.Module(body=body, type_ignores=[]), annotate_fields=False)
+                bodies.setdefault(shape, []).append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    copies = [places for places in bodies.values() if len({p.split(":")[0] for p in places}) > 1]
+    assert not copies, f"the same helper in several files: {copies}"

@@ -329,10 +329,10 @@ def test_the_stamp_and_the_record_live_beside_the_model_directory():
     assert (paths["stamp"], paths["record"]) == (EXPECTED["stamp_path"], EXPECTED["record_path"])
     cp_vars = yaml.safe_load((CHECKPOINT / "vars" / "main.yml").read_text())
     # The checkpoint role writes them where the entry point reads them: both through that filter.
-    assert cp_vars["__checkpoint_paths"] == "{{ checkpoint_model_dir | spark_checkpoint_paths }}"
+    assert cp_vars["__checkpoint_paths"] == "{{ checkpoint_model_dir | dgx_spark.llm_serving.spark_checkpoint_paths }}"
     assert cp_vars["__checkpoint_stamp_path"] == "{{ __checkpoint_paths.stamp }}"
     assert cp_vars["__checkpoint_record_path"] == "{{ __checkpoint_paths.record }}"
-    assert cp_vars["__checkpoint_stamp_of"] == "{{ checkpoint_stamp_model_dir | spark_checkpoint_paths }}"
+    assert cp_vars["__checkpoint_stamp_of"] == "{{ checkpoint_stamp_model_dir | dgx_spark.llm_serving.spark_checkpoint_paths }}"
     stamp_task = yaml.safe_load((CHECKPOINT / "tasks" / "stamp.yml").read_text())[0]["dgx_spark.llm_serving.checkpoint_stamp"]
     assert (stamp_task["stamp_path"], stamp_task["record_path"]) == (
         "{{ __checkpoint_stamp_of.stamp }}", "{{ __checkpoint_stamp_of.record }}")
