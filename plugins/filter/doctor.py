@@ -841,7 +841,7 @@ def evidence(results, fabric_interface="", flag_model=None):
         routes[str((item.get("cmd") or ["?"])[-1])] = dev
     meminfo = {}
     for line in host.get("meminfo", []):
-        name, _, value = line.partition(":")
+        name, dummy, value = line.partition(":")
         meminfo[name] = _as_int(value.strip().split(" ")[0], 0) * 1024
     checkpoint = {line.split(" ", 1)[1]: line.split(" ", 1)[0] for line in host.get("checkpoint", []) if " " in line}
     try:
@@ -877,8 +877,9 @@ def evidence(results, fabric_interface="", flag_model=None):
     }
     deployed = deployed_values(unit, args_text, flag_model)
     facts = {
-        "unit": {k: unit.get(k, "") for k in ("LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus",
-                                             "NRestarts", "ActiveEnterTimestamp", "FragmentPath", "InvocationID")},
+        "unit": {k: unit.get(k, "") for k in (
+            "LoadState", "ActiveState", "SubState", "Result", "ExecMainStatus", "NRestarts", "ActiveEnterTimestamp",
+            "FragmentPath", "InvocationID")},
         "gpu": smi_parts.get("gpu", []) if _rc(smi) == 0 else [raw["smi_out"].strip()[:300]],
         "gpu_processes": smi_parts.get("compute apps", []),
         "memory_bytes": meminfo,
@@ -1003,8 +1004,9 @@ def report_lines(host, items, secrets=None, past=None, drifted=None):
 def report_text(host, hostvars, secrets=None):
     """report_lines of a host of the play, as the text of the bundle's summary."""
     facts = hostvars[host]
-    return "\n".join(report_lines(host, facts.get("__doctor_findings"), secrets,
-                                   facts.get("__doctor_history"), facts.get("__doctor_drift"))) + "\n"
+    lines = report_lines(host, facts.get("__doctor_findings"), secrets, facts.get("__doctor_history"),
+                         facts.get("__doctor_drift"))
+    return "\n".join(lines) + "\n"
 
 
 class FilterModule:

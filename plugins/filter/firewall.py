@@ -69,6 +69,7 @@ def _networks(value, var, errors):
             )
             bad = True
             continue
+        strict_error = None
         try:
             nets.append(ipaddress.ip_network(text, strict=True))
             continue

@@ -120,7 +120,7 @@ def _gpu(result, server):
         "apps": apps,
         # pid -> [pid, owner (unit, container, foreign or gone), unified cgroup path].
         "owners": owners,
-        "rank_pids": [pid for pid, owner, _ in owners.values() if owner in ("unit", "container")],
+        "rank_pids": [pid for pid, owner, dummy in owners.values() if owner in ("unit", "container")],
     }
 
 

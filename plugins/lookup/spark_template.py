@@ -1,13 +1,9 @@
 """Renders role templates the way ansible.builtin.template's lookup does, without copying the host's variables."""
 
+# Ansible plugin layout: the documentation blocks come before the imports.
+# ruff: noqa: E402
+
 from __future__ import annotations
-
-import os
-from collections import ChainMap
-
-from ansible.errors import AnsibleError
-from ansible.plugins.lookup import LookupBase
-from ansible.template import generate_ansible_template_vars, trust_as_template
 
 DOCUMENTATION = """
     name: spark_template
@@ -41,6 +37,13 @@ RETURN = """
     type: list
     elements: str
 """
+
+import os
+from collections import ChainMap
+
+from ansible.errors import AnsibleError
+from ansible.plugins.lookup import LookupBase
+from ansible.template import generate_ansible_template_vars, trust_as_template
 
 
 class LookupModule(LookupBase):

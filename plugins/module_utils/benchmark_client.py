@@ -175,7 +175,7 @@ async def stream_once(endpoint, payload, stall_timeout, request_timeout, collect
                 line = await reader.readline()
                 if line in (b"\r\n", b"\n", b""):
                     break
-                name, _, value = line.decode("latin-1").partition(":")
+                name, dummy, value = line.decode("latin-1").partition(":")
                 headers[name.strip().lower()] = value.strip()
             more()
             chunked = "chunked" in headers.get("transfer-encoding", "").lower()
@@ -401,7 +401,7 @@ async def run_level(endpoint, bodies, concurrency, *, deadline, stall_timeout, r
             rec["i"], rec["start"] = i, start
             records[i] = rec
 
-    tasks = [asyncio.ensure_future(stream()) for _ in range(max(1, concurrency))]
+    tasks = [asyncio.ensure_future(stream()) for dummy in range(max(1, concurrency))]
     left = deadline - time.time()
     if left > 0:
         _done, pending = await asyncio.wait(tasks, timeout=left)

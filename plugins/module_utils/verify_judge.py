@@ -384,7 +384,7 @@ def judge_all(exchanges, expected_model, access=None):
     With ``access`` (what the deployment promises: see judge_auth, plus ``tls`` and ``ca``) the auth row and,
     with TLS, the tls row follow.
     """
-    models, _ = judge_models(exchanges.get("models"), expected_model)
+    models, dummy = judge_models(exchanges.get("models"), expected_model)
     results = [
         models,
         judge_reasoning(exchanges.get("reasoning")),

@@ -11,10 +11,13 @@ module: benchmark_report
 short_description: Write the JSON, markdown and PNG report of an SGLang benchmark run
 description:
   - For the benchmark role's internal use; options and return values may change with the role.
-  - Reads the raw files M(benchmark_run) wrote for each level and for the recall check, and writes
+  - Reads the raw files M(dgx_spark.llm_serving.benchmark_run) wrote for each level and for the recall check, and writes
     C(<out>.json) (every figure and every request's raw timings), C(<out>.md) (the tables) and C(<out>.png)
     (output tokens/s and TTFT p99 against concurrency, one line per prompt size) with matplotlib.
   - With O(compare), an earlier report's figures stand beside this run's (same prompt size and concurrency).
+author: LLM serving maintainers (@dgx-spark)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: none
@@ -58,6 +61,15 @@ options:
     description: Whether to draw the PNG.
     type: bool
     default: true
+"""
+
+EXAMPLES = r"""
+- name: Write the report of the levels measured
+  dgx_spark.llm_serving.benchmark_report:
+    cells: "{{ __benchmark_cells }}"
+    directory: /tmp/benchmark-raw
+    out: reports/benchmark-20261201T000000Z
+  delegate_to: localhost
 """
 
 RETURN = r"""
@@ -197,12 +209,12 @@ def chart(path, levels, before, meta):
         if before is not None:
             old = sorted((c, s) for (p, c), s in before.items() if p == prompt)
             if old:
-                left.plot([c for c, _ in old], [s.get("output_tok_s") for _, s in old], "x--", color=color,
+                left.plot([c for c, dummy in old], [s.get("output_tok_s") for dummy, s in old], "x--", color=color,
                           label=f"{prompt} (before)")
-                right.plot([c for c, _ in old], [(s.get("ttft_ms") or {}).get("p99") for _, s in old], "x--",
+                right.plot([c for c, dummy in old], [(s.get("ttft_ms") or {}).get("p99") for dummy, s in old], "x--",
                            color=color, label=f"{prompt} (before)")
     limit = meta.get("max_running_requests")
-    ticks = sorted({lv["concurrency"] for lv in levels} | ({c for _, c in before} if before else set()))
+    ticks = sorted({lv["concurrency"] for lv in levels} | ({c for dummy, c in before} if before else set()))
     for ax, title, unit in ((left, "Output throughput", "tokens/s"), (right, "Time to first token, p99", "ms")):
         if isinstance(limit, int):
             ax.axvline(limit, color="grey", linestyle=":", linewidth=1)

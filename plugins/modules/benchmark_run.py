@@ -22,7 +22,7 @@ description:
     goes away otherwise, the module notices within half a second and exits, closing every stream.
   - Never fails because the endpoint misbehaves (errors are counted); fails only on unusable options.
 version_added: "1.0.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   endpoint:
     description: Base URL, e.g. http://spark-0:30000 (https with TLS).
@@ -98,6 +98,8 @@ options:
     description: Makes the prompts of this call differ from every other call's.
     type: int
     default: 0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: none
@@ -204,7 +206,7 @@ def list_models(module, ep):
 
 async def calibrate(module, ep):
     if not ep.model:
-        ep.model, _ = list_models(module, ep)
+        ep.model, dummy = list_models(module, ep)
     seen = []
     errors = []
     for words in (50, 450):
@@ -296,8 +298,8 @@ def main():
             "mode": {"type": "str", "required": True, "choices": ["calibrate", "level", "recall"]},
             "concurrency": {"type": "int", "default": 1},
             "requests": {"type": "int", "default": 1},
-            "prompt_tokens": {"type": "int", "default": 128},
-            "max_tokens": {"type": "int", "default": 128},
+            "prompt_tokens": {"type": "int", "default": 128, "no_log": False},
+            "max_tokens": {"type": "int", "default": 128, "no_log": False},
             "ignore_eos": {"type": "bool", "default": True},
             "depths": {"type": "list", "elements": "float", "default": [0.1, 0.5, 0.9]},
             "calibration": {"type": "dict", "default": {}},

@@ -16,7 +16,7 @@ description:
     beside the checkpoint (O(record_path)) with every file's size, the sha256 of every LFS file and the
     git blob sha1 of every other file, as the hub reports them. The list comes from the tree listing
     (what C(hf download) reads, so a plain mirror serves it), or from the model info with file
-    metadata where the listing lacks a size or hash. Later verification (M(checkpoint_verify)) needs
+    metadata where the listing lacks a size or hash. Later verification (M(dgx_spark.llm_serving.checkpoint_verify)) needs
     no network.
   - A hub that cannot be reached, refuses the token or does not know the repository or revision
     fails with a message naming the variable to fix (C(checkpoint_hf_endpoint),
@@ -37,14 +37,14 @@ description:
     place only when complete, so a complete file is never replaced by a partial one and an
     interrupted download resumes from the bytes already on disk (HTTP Range) on the next run.
   - Without O(files), fetches every file of the record that is missing or has the wrong size.
-    With O(files), fetches exactly those (typically the re-fetch list of M(checkpoint_verify)).
+    With O(files), fetches exactly those (typically the re-fetch list of M(dgx_spark.llm_serving.checkpoint_verify)).
   - Writes live progress (bytes done and total, rate, ETA) to O(progress_path) once a second, for
-    a poller such as M(checkpoint_progress) while this module runs as an async task. The rate and
+    a poller such as M(dgx_spark.llm_serving.checkpoint_progress) while this module runs as an async task. The rate and
     ETA count only the bytes this run moves, never the bytes a resumed file already had on disk.
   - Refuses to start when the filesystem cannot hold the bytes still missing.
   - Runs with the Python interpreter that has huggingface_hub installed.
 version_added: "1.0.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   repo_id:
     description: Hub repository id, C(owner/name).

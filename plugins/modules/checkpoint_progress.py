@@ -12,8 +12,9 @@ short_description: Report the progress of an async checkpoint transfer, waiting 
 description:
   - For the checkpoint role's internal use (it follows the role's async fetch and sync); options and
     return values may change with the role.
-  - Reads the progress file that M(checkpoint_fetch) or M(checkpoint_sync) writes while it runs as an
-    async task, and the async job's status file, waiting up to O(wait) seconds (less if the job ends).
+  - Reads the progress file that M(dgx_spark.llm_serving.checkpoint_fetch) or
+    M(dgx_spark.llm_serving.checkpoint_sync) writes while it runs as an async task, and the async job's
+    status file, waiting up to O(wait) seconds (less if the job ends).
   - Returns a one-line summary (RV(line)) that a play prints, so a long transfer shows bytes, rate
     and ETA instead of silence. Never changes anything.
   - While the transfer waits for one that an earlier (interrupted) run left running, shows that one's
@@ -23,7 +24,7 @@ description:
     stopped at the async time limit is reported as such, with RV(message) saying that a run again
     resumes from the bytes on disk, and how many.
 version_added: "1.0.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   path:
     description: Progress file.
@@ -47,7 +48,7 @@ options:
     default: 15
   lock_path:
     description:
-      - The transfer's lock file (M(checkpoint_fetch)'s C(fetch.lock)). While the transfer waits for an
+      - The transfer's lock file (M(dgx_spark.llm_serving.checkpoint_fetch)'s C(fetch.lock)). While the transfer waits for an
         earlier one, that one's progress is shown; a lock nobody holds behind a progress file that still
         says running means the transfer was killed.
     type: path
@@ -139,7 +140,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    job_file = os.path.join(os.path.expanduser(p["async_dir"]), p["jid"])
+    job_file = os.path.join(p["async_dir"], p["jid"])
 
     def ours() -> dict | None:
         data = load_json(p["path"])

@@ -12,7 +12,7 @@ short_description: Report whether the verified-stamp beside a checkpoint vouches
 description:
   - For the checkpoint role's internal use, through its C(stamp) entry point (C(include_role) with
     C(tasks_from=stamp)); options and return values may change with the role.
-  - Reads the verified-stamp that M(checkpoint_verify) writes beside O(model_dir) after a passing deep
+  - Reads the verified-stamp that M(dgx_spark.llm_serving.checkpoint_verify) writes beside O(model_dir) after a passing deep
     verification (and removes after any failing check), and the checkpoint record beside it.
   - The stamp vouches when it records a deep check of O(model_dir) at O(revision) against that very
     record (same repository, revision and file list, compared through the record digest the stamp
@@ -23,7 +23,7 @@ description:
   - Never fails because of what it finds; every reason the stamp does not vouch is returned in
     RV(problems), one sentence each, naming the stamp, the record and the caller's variables.
 version_added: "1.1.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   model_dir:
     description: Absolute path of the model directory the stamp must vouch for.

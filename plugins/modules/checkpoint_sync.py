@@ -36,7 +36,7 @@ description:
     the list is what verification found missing or bad.
   - Writes live progress (bytes, rate, ETA) to O(progress_path) on this node once a second.
 version_added: "1.0.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   src_dir:
     description: Local checkpoint directory.
@@ -232,7 +232,7 @@ class DaemonUnavailable(Exception):
 
 def split_balanced(files: list[str], sizes: dict[str, int], n: int) -> list[list[str]]:
     """Largest first onto the lightest bin: disjoint subsets of near-equal bytes."""
-    bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, min(n, len(files))))]
+    bins: list[tuple[int, list[str]]] = [(0, []) for dummy in range(max(1, min(n, len(files))))]
     for name in sorted(files, key=lambda f: -sizes[f]):
         i = min(range(len(bins)), key=lambda k: bins[k][0])
         bins[i] = (bins[i][0] + sizes[name], bins[i][1] + [name])

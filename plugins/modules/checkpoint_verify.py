@@ -11,9 +11,9 @@ module: checkpoint_verify
 short_description: Verify a local model checkpoint against the record of its pinned revision, offline
 description:
   - For the checkpoint role's internal use (its converge steps); options and return values may change
-    with the role. Other roles ask the role's C(stamp) entry point (M(checkpoint_stamp)) whether the
+    with the role. Other roles ask the role's C(stamp) entry point (M(dgx_spark.llm_serving.checkpoint_stamp)) whether the
     stamp vouches.
-  - Compares O(model_dir) with the record written by M(checkpoint_fetch) (file names, sizes, sha256 of
+  - Compares O(model_dir) with the record written by M(dgx_spark.llm_serving.checkpoint_fetch) (file names, sizes, sha256 of
     LFS files, git blob sha1 of the others). Needs no network and no third-party Python package.
   - First the file set, failing at once whatever O(fail_on_problems) says, since hashing cannot fix
     it. Files the record does not list (never deleted) and code-like files (C(*.py), C(*.sh),
@@ -45,14 +45,14 @@ description:
   - With O(stamp_path), writes a verified-stamp after a successful deep verification and removes it
     whenever verification fails, so a consumer (the server role) can refuse an unverified checkpoint.
 version_added: "1.0.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   model_dir:
     description: Absolute path of the local model directory.
     type: path
     required: true
   record_path:
-    description: Record of the revision (JSON written by M(checkpoint_fetch)).
+    description: Record of the revision (JSON written by M(dgx_spark.llm_serving.checkpoint_fetch)).
     type: path
     required: true
   record:
@@ -128,7 +128,7 @@ attributes:
   check_mode:
     support: full
     details: >-
-      The stamp is neither written nor removed; RV(changed) says whether it would be. O(mode=probe) reads
+      The stamp is neither written nor removed; the result's C(changed) says whether it would be. O(mode=probe) reads
       only, in either mode.
   diff_mode:
     support: none
@@ -319,6 +319,8 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_c
 SHARD_RE = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 SCALES = "model-input-scales.safetensors"
+
+
 def scan(model_dir: str, ignore: list[str]) -> dict[str, os.stat_result]:
     """Every non-directory entry under model_dir, by '/'-joined relative path (symlinks not followed)."""
     found: dict[str, os.stat_result] = {}

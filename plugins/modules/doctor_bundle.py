@@ -17,7 +17,7 @@ description:
   - The role's action plugin of the same name runs this in the controller's own process (no module
     interpreter is started); this module does the same where it runs as a module.
 version_added: "1.1.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   dest:
     description: Path of the C(.tar.gz) to write; its base name without C(.tar.gz) is the top directory inside.

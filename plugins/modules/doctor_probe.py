@@ -21,7 +21,7 @@ description:
     analysis on the controller reads them unchanged. A read that fails is evidence, not an error.
   - The reads run concurrently (the slowest, docker's events, bounds the call).
 version_added: "1.4.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   unit:
     description: The rank's unit.
@@ -99,11 +99,11 @@ env:
   returned: always
   type: dict
 args:
-  description: server-args.json, as O(env).
+  description: server-args.json, as RV(env).
   returned: always
   type: dict
 record:
-  description: The checkpoint's download record, as O(env).
+  description: The checkpoint's download record, as RV(env).
   returned: always
   type: dict
 smi:

@@ -22,7 +22,7 @@ description:
   - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
     that is missing answers exit 127 (run through C(sh)), which is evidence, not an error.
 version_added: "1.1.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   peers:
     description: The peers' fabric addresses, whose routes are read.
@@ -48,7 +48,7 @@ options:
     default: ""
   authorized_keys_path:
     description: An authorized_keys file to read if it exists (a worker's; C(~user) is expanded); empty reads none.
-    type: str
+    type: path
     default: ""
   stat_paths:
     description: Paths (C(~user) expanded) whose existence, mode, owner and group are returned.
@@ -218,7 +218,7 @@ def main():
             "host_key_types": {"type": "list", "elements": "str", "default": [], "no_log": False},
             "public_key_path": {"type": "str", "default": "", "no_log": False},
             "known_hosts_path": {"type": "str", "default": ""},
-            "authorized_keys_path": {"type": "str", "default": ""},
+            "authorized_keys_path": {"type": "path", "default": "", "no_log": False},
             "stat_paths": {"type": "list", "elements": "str", "default": []},
             "checksum_paths": {"type": "list", "elements": "str", "default": []},
             "ping_interface": {"type": "str", "default": ""},
@@ -242,7 +242,7 @@ def main():
         if text is not None:
             host_keys.append({"type": key_type, "content": text})
     known = _read(p["known_hosts_path"]) if p["known_hosts_path"] else None
-    authorized = _read(os.path.expanduser(p["authorized_keys_path"])) if p["authorized_keys_path"] else None
+    authorized = _read(p["authorized_keys_path"]) if p["authorized_keys_path"] else None
     module.exit_json(
         changed=False,
         netdevs=sorted(os.listdir(NETDEVS)),

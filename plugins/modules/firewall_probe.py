@@ -21,7 +21,7 @@ description:
   - The SSH session is read from the module's environment, or, where C(become) reset it, from the
     nearest ancestor process's (the login shell that sshd started).
 version_added: "1.2.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   table:
     description: The table to look for, as C(family name).
@@ -104,7 +104,7 @@ def ssh_connection():
     if os.environ.get("SSH_CONNECTION"):
         return os.environ["SSH_CONNECTION"]
     pid = os.getppid()
-    for _ in range(16):
+    for _hop in range(16):
         if pid <= 1:
             break
         value = _environ(pid).get("SSH_CONNECTION")

@@ -16,7 +16,7 @@ description:
     and the state of each of O(units), so that the role can skip its installation when all of it
     is what it would install.
 version_added: "1.3.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   packages:
     description: Debian packages to look up.

@@ -25,7 +25,7 @@ description:
   - Never fails because of what it finds; a tool that is missing or failing is evidence for a finding
     (a POSIX shell's exit 127 for a command that is not installed), not an error.
 version_added: "1.1.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   model_dir:
     description:
@@ -121,7 +121,7 @@ meminfo:
   returned: unless O(disk_only)
   type: dict
   contains:
-    content: {description: The file, base64-encoded., type: str}
+    content: {description: "The file, base64-encoded.", type: str}
     encoding: {description: Always C(base64)., type: str}
     source: {description: Always C(/proc/meminfo)., type: str}
 netdevs:

@@ -22,7 +22,7 @@ description:
     and points the image reference at the kept image ID again where the tag has moved since.
   - Never returns a file's content.
 version_added: "1.3.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   state:
     description: What to do.
@@ -223,7 +223,7 @@ class Docker:
         """The ID `ref` names on this node, '' when it names none."""
         if not ref:
             return ""
-        rc, out, _ = self.run("image", "inspect", "--format", "{{.Id}}", ref)
+        rc, out, dummy = self.run("image", "inspect", "--format", "{{.Id}}", ref)
         return out.splitlines()[0] if rc == 0 and out else ""
 
     def running(self, container):

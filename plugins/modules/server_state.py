@@ -18,7 +18,7 @@ description:
     pause or a give-up that a serving group clears - so that a run with nothing to do reads the node once.
   - Never returns a file's content, except C(config.json) (the model's public shape).
 version_added: "1.4.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   image_ref:
     description: The image reference the unit runs.
@@ -213,8 +213,8 @@ def main():
     recorded = False
     installed = {kind: read_bytes(paths[kind]) for kind in KINDS}
     if all(v is not None for v in installed.values()):
-        rc, out, _ = module.run_command([p["docker"], "inspect", "--type", "container", "--format",
-                                         "{{.State.Running}}|{{.Image}}", p["container"]])
+        rc, out, dummy = module.run_command([p["docker"], "inspect", "--type", "container", "--format",
+                                             "{{.State.Running}}|{{.Image}}", p["container"]])
         parts = out.strip().split("|") if rc == 0 else []
         running_id = parts[1] if len(parts) == 2 and parts[0] == "true" else None
         if running_id:

@@ -19,7 +19,7 @@ description:
   - With O(prune_except), removes the subdirectories of O(dest) that hold O(prune_marker) and are not named in it.
   - Runs on the controller in the task's own process; no module interpreter is started.
 version_added: "1.4.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   dest:
     description: The directory that receives the files (or whose subdirectories are pruned).
@@ -41,9 +41,14 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
     support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Reports what it would write or remove and writes nothing.

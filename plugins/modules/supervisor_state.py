@@ -14,7 +14,7 @@ description:
   - Per path of O(paths) whether it exists, its SHA-1 (files), mode, owner and group; the unit's
     C(ActiveState) and C(UnitFileState). Never returns a file's content. Reads only, in check mode too.
 version_added: "1.4.0"
-author: spark-deploy maintainers
+author: LLM serving maintainers (@dgx-spark)
 options:
   paths:
     description: Files and directories to describe.
@@ -57,6 +57,7 @@ unit:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import exists_facts as describe
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import unit_properties
 
 
 def main():
@@ -65,11 +66,9 @@ def main():
                        "unit": {"type": "str", "required": True}},
         supports_check_mode=True,
     )
-    rc, out, _ = module.run_command(["systemctl", "show", module.params["unit"], "-p", "ActiveState",
-                                     "-p", "UnitFileState"])
-    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line) if rc == 0 else {}
+    unit = module.params["unit"]
     module.exit_json(changed=False, paths={path: describe(path) for path in module.params["paths"]},
-                     unit={key: props.get(key, "") for key in ("ActiveState", "UnitFileState")})
+                     unit=unit_properties(module, [unit], ("ActiveState", "UnitFileState"))[unit])
 
 
 if __name__ == "__main__":

@@ -54,6 +54,28 @@ options:
     description: Characters of each response body kept in the result.
     type: int
     default: 4000
+author: LLM serving maintainers (@dgx-spark)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: The requests are made in check mode too; they change nothing on the server.
+  diff_mode:
+    support: N/A
+    details: Never changes anything.
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Verify the head's endpoint from the controller
+  dgx_spark.llm_serving.verify_endpoint:
+    endpoint: http://spark-0:30000
+    key_file: "{{ inventory_dir }}/.credentials/sglang_api_key"
+    expected_model: /models/glm53
+  delegate_to: localhost
+  register: __verify_result
 """
 
 RETURN = r"""
@@ -158,7 +180,7 @@ def main():
             "endpoint": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
             "expected_model": {"type": "str", "required": True},
-            "max_tokens": {"type": "int", "default": 1024},
+            "max_tokens": {"type": "int", "default": 1024, "no_log": False},
             "timeout": {"type": "int", "default": 300},
             "body_limit": {"type": "int", "default": 4000},
             "allow_unauthenticated": {"type": "bool", "default": False},

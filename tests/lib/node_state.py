@@ -56,7 +56,9 @@ findmnt -rn -o TARGET,FSTYPE,SOURCE,OPTIONS
 echo '@@links'
 ip -o link show | sed -E 's/^[0-9]+: //; s/ qlen [0-9]+//'
 echo '@@addresses'
-ip -o addr show | sed -E 's/^[0-9]+: //'
+# Not the IPv6 link-local addresses the kernel gives every link that is up, a second or two after it came up
+# (a snapshot taken right after boot may be early): the links' state is compared above.
+ip -o addr show | sed -E 's/^[0-9]+: //' | grep -v ' proto kernel_ll '
 echo '@@routes'
 ip route show table all
 echo '@@nft'

@@ -84,10 +84,15 @@ def test_every_role_plugin_and_playbook_is_in_it(members):
 def test_it_leaves_out_tests_the_toolchain_reports_secrets_and_rendered_files(members):
     for planted in PLANTED:
         assert planted not in members, planted
-    leaked = [m for m in members if m.split("/")[0] in {"tests", "molecule", "benchmarks", "scripts", ".ci", ".venv",
+    leaked = [m for m in members if m.split("/")[0] in {"molecule", "benchmarks", "scripts", ".ci", ".venv",
                                                           ".collections", "rendered", "reports", ".git"}
+              or (m.startswith("tests/") and not m.startswith("tests/sanity"))
               or "/.credentials" in f"/{m}" or "__pycache__" in m]
     assert not leaked, leaked
+    # The sanity ignore file is content (ansible-test reads it from the installed copy); the clone's own entry
+    # point, configuration and callbacks are not.
+    assert any(m.startswith("tests/sanity/ignore-") for m in members), members
+    assert not {"site.yml", "group_vars", "ansible.cfg", "callback_plugins"} & set(members)
     assert not [m for m in members if m.endswith((".tar.gz", ".pyc"))]
 
 
@@ -95,7 +100,6 @@ def test_the_dependencies_are_the_pinned_collections():
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
     pinned = {c["name"]: c["version"] for c in yaml.safe_load((REPO / "requirements.yml").read_text())["collections"]}
     assert galaxy["dependencies"] == pinned
-
 
 
 def test_the_manifest_names_the_version_galaxy_yml_sets(manifest):

@@ -345,3 +345,13 @@ def test_no_helper_is_written_twice_in_the_collections_code():
                 bodies.setdefault(shape, []).append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     copies = [places for places in bodies.values() if len({p.split(":")[0] for p in places}) > 1]
     assert not copies, f"the same helper in several files: {copies}"
+
+
+def test_every_sanity_ignore_is_justified_and_the_file_matches_the_pinned_ansible_core():
+    pinned = re.search(r"^ansible-core==(\d+\.\d+)\.", (REPO / "requirements.txt").read_text(), re.M | re.I).group(1)
+    files = sorted((REPO / "tests" / "sanity").glob("ignore-*.txt"))
+    assert [f.name for f in files] == [f"ignore-{pinned}.txt"], files
+    for number, line in enumerate(files[0].read_text().splitlines(), 1):
+        path, _, why = line.partition(" # ")
+        assert len(path.split()) == 2 and (REPO / path.split()[0]).exists(), f"line {number}: {line}"
+        assert len(why.split()) >= 5, f"line {number} has no justification worth the name: {line}"

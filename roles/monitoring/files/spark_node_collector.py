@@ -81,7 +81,7 @@ def run(argv, timeout=20):
 
 def query_gpus(nvidia_smi):
     """(rows, unsupported fields, error): one dict per GPU of the fields the driver knows."""
-    fields = [name for name, _ in GPU_FIELDS]
+    fields = [name for name, dummy in GPU_FIELDS]
     unknown = []
     while fields:
         rc, out, err = run([nvidia_smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
@@ -105,7 +105,7 @@ def query_gpus(nvidia_smi):
 
 def rank_processes(nvidia_smi):
     """(count of GPU processes per GPU uuid, whether one is the rank's)."""
-    rc, out, _ = run([nvidia_smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"])
+    rc, out, dummy = run([nvidia_smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"])
     per_gpu, rank = {}, False
     if rc != 0:
         return per_gpu, None

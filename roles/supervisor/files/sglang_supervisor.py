@@ -1262,7 +1262,7 @@ def install_signal_handlers(sup: Supervisor) -> None:
 
 
 def main(argv: list[str] | None = None, runner=None, clock=None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang_supervisor.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sglang_supervisor.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("run", "the daemon loop"), ("status", "print the state JSON"),
                        ("pause", "watch only, never act"), ("resume", "clear a pause and a give-up")):
