@@ -58,7 +58,11 @@ def sha1_of(path: str) -> str:
 
 def path_facts(path: str, *, follow_symlinks: bool = True, checksum: bool = True) -> dict | None:
     """None where nothing is; else kind ('file', 'directory' or 'other'), mode ('0644'), owner, group and,
-    for a regular file when `checksum`, its sha1. Never the content."""
+    for a regular file when `checksum`, its sha1. Never the content.
+
+    `path` may start with ~ or ~user, as a role names a user's file (the fabric's authorized_keys): the probes
+    answer keyed by the names the role gave, so they expand nothing themselves."""
+    path = os.path.expanduser(path)
     try:
         st = os.stat(path) if follow_symlinks else os.lstat(path)
     except OSError:

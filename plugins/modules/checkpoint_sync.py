@@ -178,7 +178,6 @@ waited_seconds:
   type: float
 """
 
-import ctypes
 import fcntl
 import hashlib
 import os
@@ -200,6 +199,7 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_c
     safe_relpath,
     write_progress,
 )
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_commands import start
 
 PROGRESS_RE = re.compile(rb"^\s*([\d,]+)\s+\d+%")
 STAT_FILES_RE = re.compile(r"Number of regular files transferred:\s*([\d,]+)")
@@ -218,7 +218,7 @@ REMOTE_HELPER = (
     "n=int(sys.argv[1]);s=b''\n"
     "while len(s)<n:\n"
     " b=os.read(0,n-len(s))\n"
-    " if not b:sys.exit('checkpoint_sync: no secret on stdin')\n"
+    " if not b:raise SystemExit('checkpoint_sync: no secret on stdin')\n"
     " s+=b\n"
     "r,w=os.pipe();os.write(w,s+b'\\n');os.close(w);os.set_inheritable(r,True)\n"
     "a=[x.replace('@FD@',str(r)) for x in sys.argv[2:]]\n"
@@ -237,14 +237,6 @@ def split_balanced(files: list[str], sizes: dict[str, int], n: int) -> list[list
         i = min(range(len(bins)), key=lambda k: bins[k][0])
         bins[i] = (bins[i][0] + sizes[name], bins[i][1] + [name])
     return [b[1] for b in bins if b[1]]
-
-
-def _die_with_parent() -> None:
-    """In the daemon's child before exec: SIGTERM when the module's process ends, however it ends."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _pid_alive(pid: int) -> bool:
@@ -392,12 +384,12 @@ class Daemon:
         try:
             # A shell leads the daemon's process group: when the module ends, however it ends, the shell gets
             # the parent-death signal and kills the group, the children serving connections included.
-            self.proc = subprocess.Popen(
+            self.proc = start(
                 ["sh", "-c", 'trap "trap - TERM; kill -KILL 0" TERM; "$@" & wait $!', "checkpoint-rsyncd",
                  self.rsync_path, "--daemon", "--no-detach", f"--address={self.listen}", f"--port={self.port}",
                  f"--config={conf}"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, close_fds=True,
-                start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads yet
+                start_new_session=True)  # no threads yet
         except OSError as e:
             raise DaemonUnavailable(f"cannot run {self.rsync_path} --daemon: {e}") from e
         finally:
@@ -448,9 +440,8 @@ class Stream:
     def start(self) -> None:
         """In the module's main thread (the parent-death signal follows the thread that forks): a stream
         does not outlive the module."""
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)  # noqa: PLW1509 - started before any thread
+        self.proc = start(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.PIPE if self.stdin is not None else subprocess.DEVNULL)
 
     def run(self) -> None:
         err_chunks = []

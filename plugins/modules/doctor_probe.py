@@ -133,10 +133,10 @@ supervisor:
 """
 
 import base64
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_commands import run_concurrently
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import parse_show
 
 # One round trip for what tells how the rank's starts went: the unit's journal with each line's invocation ID
@@ -187,17 +187,6 @@ test -n "$ref" && echo "$ref $(docker image inspect --format '{{.Id}}' "$ref")"
 """
 
 
-def run(argv):
-    """A read's command result; a tool that is not there answers like the shell (127), never raises."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, check=False, timeout=120)  # noqa: S603 - fixed argv
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"rc": 127, "stdout": "", "stderr": str(exc), "cmd": argv}
-    return {"rc": proc.returncode, "cmd": argv,
-            "stdout": proc.stdout.decode("utf-8", errors="replace").rstrip("\r\n"),
-            "stderr": proc.stderr.decode("utf-8", errors="replace").rstrip("\r\n")}
-
-
 def script(text, *args, name="sglang-doctor-probe"):
     return ["/bin/bash", "-c", text, name, *args]
 
@@ -238,7 +227,7 @@ def main():
     }
     commands.update({f"route {i}": ["ip", "-j", "route", "get", peer] for i, peer in enumerate(p["peers"])})
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-        futures = {name: pool.submit(run, argv) for name, argv in commands.items()}
+        futures = {name: pool.submit(run_concurrently, argv) for name, argv in commands.items()}
         done = {name: future.result() for name, future in futures.items()}
     supervisor = [{"item": name, **slurp(f"{p['supervisor_dir']}/{name}")} for name in ("state.json", "gave-up.json")
                   ] if p["supervisor_dir"] else []

@@ -176,7 +176,7 @@ def _read(path):
 
 
 def _stat(path, checksum=False):
-    facts = path_facts(os.path.expanduser(path), checksum=checksum)
+    facts = path_facts(path, checksum=checksum)
     if facts is None:
         return {"exists": False, "mode": "", "owner": "", "group": "", "sha1": ""}
     return {"exists": True, "mode": facts["mode"], "owner": facts["owner"], "group": facts["group"],
