@@ -32,6 +32,7 @@ import pytest
 
 from tests.harness import cluster as sim
 from tests.lib import node_state
+from tests.lib.checkpoint_site import serve_hub
 from tests.lib.playbook import RUN_LOG
 
 # Modules that converge whole clusters, longest first: with parallel workers
@@ -256,3 +257,19 @@ def pytest_terminal_summary(terminalreporter, config):
         for entry in sorted(runs, key=lambda r: -r["cpu"])[:15]:
             terminalreporter.write_line(f"{entry['cpu']:7.1f} {entry['wall']:7.1f}s {entry['host_results']:5d}  "
                                         f"{entry['playbook']}{' --check' if entry['check'] else ''}  {entry['test']}")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The hub emulator (tests/standins/hub_emulator.py) on this machine, for a module's checkpoint tests that
+    fetch without nodes (the modules run here, or a local site)."""
+    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def knobs(sim_cluster):
+    """Set stand-in knobs for one test, `knobs(node_name, values)`; every node gets back the knobs it had."""
+    before = node_state.knobs_of(sim_cluster)
+    yield lambda name, values: sim.set_knobs(sim_cluster.instance, name, values)
+    node_state.restore_knobs(sim_cluster, before)

@@ -26,11 +26,6 @@ REFUSE_SOURCE = "Refuse to sync from a source host that does not hold the verifi
 PUSH = "Push the files from the source host over the fabric"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
-        yield emulator
-
 
 @pytest.fixture(scope="module")
 def site(hub, tmp_path_factory):

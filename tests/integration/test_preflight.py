@@ -48,24 +48,6 @@ def failures(result) -> dict[str, int]:
     return {host: stats.get("failures", {}).get(host, 0) for host in ("spark-0", "spark-1")}
 
 
-@pytest.fixture
-def knobs(sim_cluster):
-    """Set stand-in knobs for one test; every node gets the defaults back afterwards."""
-    touched = set()
-
-    def set_knobs(name, values):
-        touched.add(name)
-        sim.set_knobs(sim_cluster.instance, name, values)
-
-    yield set_knobs
-    defaults = {
-        "gpu": {"installed": True, "present": True, "count": 1, "name": "NVIDIA GB10", "compute_cap": "12.1",
-                "driver_version": "580.95.05", "processes": []},
-        "docker": {"running": True, "nvidia_runtime": True},
-    }
-    for name in touched:
-        sim.set_knobs(sim_cluster.instance, name, defaults)
-
 
 @pytest.fixture
 def small_fs(sim_cluster):

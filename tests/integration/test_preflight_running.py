@@ -122,18 +122,6 @@ def rank(sim_cluster):
                  f"{unit} to stop")
 
 
-@pytest.fixture
-def knobs(sim_cluster):
-    touched = set()
-
-    def set_knobs(name, values):
-        touched.add(name)
-        sim.set_knobs(sim_cluster.instance, name, values)
-
-    yield set_knobs
-    for name in touched:
-        sim.set_knobs(sim_cluster.instance, name, {"gpu": {"processes": []}})
-
 
 @pytest.fixture
 def small_fs(sim_cluster):

@@ -39,11 +39,6 @@ def verify(model: Path, tmp: Path, **kw) -> dict:
         "model_dir": str(model), "record_path": f"{model}.record.json", "fail_on_problems": False, **kw}, tmp)
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
-        yield emulator
-
 
 @pytest.fixture(scope="module")
 def pristine(hub, tmp_path_factory):

@@ -33,11 +33,6 @@ def load_file(name: str, path: Path):
     return module
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    with serve_hub(tmp_path_factory.mktemp("hub")) as emulator:
-        yield emulator
-
 
 @pytest.fixture(scope="module")
 def pristine(hub, tmp_path_factory):

@@ -14,7 +14,7 @@ import pytest
 from tests.lib.seed import ADDED_FLAGS, FACTS, flatten
 from tests.lib.seed import SEED_ARGS as SEED
 from tests.lib.seed import facts_launch_args as seed_from_facts
-from tests.lib.sglang_plan import FILTER, MODEL, ctx
+from tests.lib.server_plan import FILTER, MODEL, ctx
 
 
 def plan(**changes):

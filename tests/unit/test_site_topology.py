@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.lib.sglang_plan import FILTER, MODEL, ctx
+from tests.lib.server_plan import FILTER, MODEL, ctx
 
 CHECKPOINT = 194347270144
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.lib.role_module import module_utils
 from tests.lib.seed import DEFAULT_FLAGS
-from tests.lib.sglang_plan import FILTER, MODEL, ctx
+from tests.lib.server_plan import FILTER, MODEL, ctx
 
 ARGS_FILE = "/etc/sglang/server-args.json"
 IMAGE_ID = "sha256:" + "ab" * 32

@@ -20,22 +20,15 @@ from pathlib import Path
 import pytest
 
 from tests.lib.role_module import run_module
-from tests.lib.sglang_plan import FILTER, MODEL, ctx
+from tests.lib.server_plan import FILTER, MODEL, ctx
+from tests.lib.standin_docker import DOCKER, docker
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKER = REPO / "tests" / "standins" / "bin" / "docker"
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 OLD, NEW = "lmsysorg/sglang:glm-5.3-flash-arm64", "lmsysorg/sglang:glm-5.3-flash-arm64-rc2"
 KEY = "k3y-that-must-never-be-shown-0123456789abcdef"
 ANY = "0.0.0.0"  # noqa: S104 - a bind address written into a file, not bound
 
-
-def docker(root, *args, check=True):
-    proc = subprocess.run([sys.executable, str(DOCKER), *args], env={**os.environ, "SPARK_SIM_ROOT": str(root)},
-                          capture_output=True, text=True, timeout=60, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {args}: {proc.stderr}")
-    return proc.stdout.strip()
 
 
 def image_id(root, ref):

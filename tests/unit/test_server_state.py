@@ -19,22 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.lib.role_module import run_module
-from tests.lib.sglang_plan import FILTER
+from tests.lib.server_plan import FILTER
+from tests.lib.standin_docker import DOCKER, docker
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKER = REPO / "tests" / "standins" / "bin" / "docker"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 KEY = "k3y-that-must-never-be-shown-0123456789abcdef"
 drift = FILTER.server_install_drift
 reasons = FILTER.server_restart_reasons
 
-
-def docker(root, *args, check=True):
-    proc = subprocess.run([sys.executable, str(DOCKER), *args], env={**os.environ, "SPARK_SIM_ROOT": str(root)},
-                          capture_output=True, text=True, timeout=60, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {args}: {proc.stderr}")
-    return proc.stdout.strip()
 
 
 def sha1(path: Path) -> str:

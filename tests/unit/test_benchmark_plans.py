@@ -13,7 +13,7 @@ import pytest
 
 from tests.lib.role_module import module_utils
 from tests.lib.roles import filter_plugin
-from tests.lib.sglang_plan import FILTER, MODEL, ctx
+from tests.lib.server_plan import FILTER, MODEL, ctx
 
 CLIENT = module_utils("benchmark_client")
 BENCH = filter_plugin("benchmark")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.lib.playbook import REPO
-from tests.lib.sglang_plan import DEFAULTS, FILTER, MODEL, VARS, ctx
+from tests.lib.server_plan import DEFAULTS, FILTER, MODEL, VARS, ctx
 
 KEY = "k" * 32  # the shortest key accepted
 PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
