@@ -14,9 +14,9 @@ import os
 import re
 
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.benchmark_reports import compare_problem
 
 PROMPTS = ("short", "medium", "long")
-KIND = "sglang-benchmark"
 URL = re.compile(r"^https?://[^/@\s]+(:[0-9]+)?/?$")
 MAX_STREAMS = 4096
 
@@ -30,23 +30,6 @@ def _num(value):
         return float(str(value))
     except ValueError:
         return None
-
-
-def compare_problem(path):
-    """Why `path` is not a benchmark report this role wrote (None when it is one)."""
-    try:
-        with open(os.path.abspath(os.path.expanduser(str(path)))) as f:
-            doc = json.load(f)
-    except OSError as err:
-        return f"cannot be read ({err.strerror})"
-    except ValueError as err:
-        return f"is not JSON ({err})"
-    if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        found = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        return f"is not a benchmark report (kind {found!r}; playbooks/benchmark.yml writes kind {KIND!r})"
-    if not isinstance(doc.get("levels"), list) or not doc["levels"]:
-        return "is a benchmark report without levels"
-    return None
 
 
 def concurrency_problem(value):

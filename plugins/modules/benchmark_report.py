@@ -100,29 +100,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-KIND = "sglang-benchmark"
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
-
-
-def compare_problem(path):
-    """Why `path` is not a benchmark report (None when it is one)."""
-    try:
-        doc = load(path)
-    except OSError as err:
-        return f"cannot be read ({err.strerror})"
-    except ValueError as err:
-        return f"is not JSON ({err})"
-    if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        found = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-        return f"is not a benchmark report (kind {found!r}, a benchmark report has kind {KIND!r})"
-    if not isinstance(doc.get("levels"), list):
-        return "is a benchmark report without levels"
-    return None
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.benchmark_reports import KIND, compare_problem, load
 
 
 def fmt(value, digits=1):
