@@ -60,7 +60,8 @@ echo '@@addresses'
 # (a snapshot taken right after boot may be early): the links' state is compared above.
 ip -o addr show | sed -E 's/^[0-9]+: //' | grep -v ' proto kernel_ll '
 echo '@@routes'
-ip route show table all
+# Not the kernel's routes for those link-local addresses and for IPv6 multicast, which follow the same timing.
+ip route show table all | grep -vE '^(local fe80::|fe80::/64 |multicast ff00::/8 ).* proto kernel'
 echo '@@nft'
 nft list ruleset 2>&1
 echo '@@processes'
