@@ -40,15 +40,11 @@ def spark_project_dir(playbook_dir):
     ansible-playbook runs in, the outside project's own.
     """
     playbook_dir = os.path.abspath(str(playbook_dir))
-    if f"{os.sep}ansible_collections{os.sep}" in playbook_dir + os.sep and not _is_checkout(playbook_dir):
+    # Where the directory really is: the clone's own link (.collections/ansible_collections/dgx_spark/llm_serving
+    # -> the checkout) leads to a directory under no ansible_collections/.
+    if f"{os.sep}ansible_collections{os.sep}" in os.path.realpath(playbook_dir) + os.sep:
         return os.getcwd()
     return os.path.dirname(playbook_dir) if os.path.basename(playbook_dir) == "playbooks" else playbook_dir
-
-
-def _is_checkout(playbook_dir):
-    # The clone's own link (.collections/ansible_collections/dgx_spark/llm_serving -> the checkout) resolves to a
-    # directory that is not under any ansible_collections/.
-    return f"{os.sep}ansible_collections{os.sep}" not in os.path.realpath(playbook_dir) + os.sep
 
 
 def _wired_names() -> set[str]:
