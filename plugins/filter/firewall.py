@@ -158,7 +158,7 @@ def _rules(plan):
         chains["http_port"] = [
             {"match": {"saddr_set": "http_clients_ip"}, "verdict": "accept"},
             {"match": {"saddr_set": "http_clients_ip6"}, "verdict": "accept"},
-            {"match": {}, "verdict": "drop", "comment": "sglang http: not an allowed client",
+            {"match": {}, "verdict": "drop", "comment": "server http: not an allowed client",
              "cause": f"the HTTP port ({names['http_port']} = {plan['http_port']}) admits only "
                       f"{plan['clients_source']}"},
         ]

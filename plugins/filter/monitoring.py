@@ -33,7 +33,7 @@ ALERT_FOR_KEYS = (
     "endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
     "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale",
 )
-# The supervisor's states (roles/supervisor/files/sglang_supervisor.py, STATES), as the node
+# The supervisor's states (roles/supervisor/files/spark_llm_supervisor.py, STATES), as the node
 # collector exports them.
 SUPERVISOR_STATES = ("healthy", "probing-failed", "restarting", "waiting-for-node", "stopped", "paused", "gave-up")
 
@@ -264,7 +264,7 @@ def monitoring_targets(ctx, hostvars):
         out.append({"job": "node", "target": _host_port("127.0.0.1", node_port),
                     "labels": {"node": monitor, "role": "monitor"}})
     if head:
-        out.append({"job": "sglang", "target": _host_port(_target_address(head, hostvars), ctx.get("server_port")),
+        out.append({"job": "server", "target": _host_port(_target_address(head, hostvars), ctx.get("server_port")),
                     "labels": {"node": head, "rank": "0", "role": "head"}})
     out.append({"job": "prometheus", "target": _host_port("127.0.0.1", ctx.get("prometheus_port")),
                 "labels": {"node": monitor}})
@@ -278,11 +278,11 @@ def monitoring_prometheus_config(ctx, hostvars):
     for t in monitoring_targets(ctx, hostvars):
         jobs.setdefault(t["job"], []).append({"targets": [t["target"]], "labels": t["labels"]})
     scrape = []
-    for job in ("prometheus", "node", "sglang"):
+    for job in ("prometheus", "node", "server"):
         if job not in jobs:
             continue
         entry = {"job_name": job}
-        if job == "sglang":
+        if job == "server":
             entry["metrics_path"] = "/metrics"
             if _flag(ctx.get("server_tls")):
                 entry["scheme"] = "https"
@@ -324,7 +324,7 @@ def _num(value):
 
 def monitoring_rules(ctx):
     """The alert rules, as data: each with a runbook line naming the playbook or the setting that fixes it."""
-    unit = ctx.get("unit") or "sglang.service"
+    unit = ctx.get("unit") or "spark-llm.service"
     stall = ctx.get("stall_window") or "5m"
     stale = max(4 * int(ctx.get("collector_interval") or 15), 60)
     ttft = _num(ctx.get("ttft_p99_seconds"))
@@ -335,12 +335,12 @@ def monitoring_rules(ctx):
 
     def rule(name, expr, key, severity, summary, description, runbook):  # noqa: PLR0917 - one rule's fields
         return {"alert": name, "expr": " ".join(expr.split()), "for": _for(ctx, key),
-                "labels": {"severity": severity, "service": "sglang"},
+                "labels": {"severity": severity, "service": "server"},
                 "annotations": {"summary": summary, "description": description, "runbook": runbook}}
 
     rules = [
         rule("SglangEndpointDown",
-             'up{job="sglang"} == 0',
+             'up{job="server"} == 0',
              "endpoint_down", "critical",
              "SGLang's endpoint on {{ $labels.node }} does not answer",
              "Prometheus cannot scrape {{ $labels.instance }}/metrics: the head's rank is down, starting, or "
@@ -360,10 +360,10 @@ def monitoring_rules(ctx):
              "the inventory change it names, then playbooks/restart.yml: the ranks start together, never one alone "
              "(site.yml when the unit is missing)."),
         rule("SglangGroupNotServing",
-             'max(spark_supervisor_probe_failures) > 0 and on() max(up{job="sglang"}) == 1 '
-             f'or (sum(sglang:num_running_reqs{{job="sglang"}}) > 0 '
-             f'and on() sum(increase(sglang:inter_token_latency_seconds_count{{job="sglang"}}[{stall}])) == 0 '
-             f'and on() sum(increase(sglang:time_to_first_token_seconds_count{{job="sglang"}}[{stall}])) == 0)',
+             'max(spark_supervisor_probe_failures) > 0 and on() max(up{job="server"}) == 1 '
+             f'or (sum(sglang:num_running_reqs{{job="server"}}) > 0 '
+             f'and on() sum(increase(sglang:inter_token_latency_seconds_count{{job="server"}}[{stall}])) == 0 '
+             f'and on() sum(increase(sglang:time_to_first_token_seconds_count{{job="server"}}[{stall}])) == 0)',
              "group_not_serving", "critical",
              "The TP group answers /health but generates nothing",
              "The supervisor's one-token generation probe fails while the endpoint answers, or requests run "
@@ -371,7 +371,7 @@ def monitoring_rules(ctx):
              "The supervisor restarts the whole group after supervisor_failures failed probes; without it "
              "run playbooks/restart.yml, and playbooks/doctor.yml for the rank that stalled."),
         rule("SglangTimeToFirstTokenHigh",
-             'histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="sglang"}[5m]))) '
+             'histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="server"}[5m]))) '
              f"> {ttft}",
              "ttft_high", "warning",
              "p99 time to first token is {{ $value | humanizeDuration }}",
@@ -381,7 +381,7 @@ def monitoring_rules(ctx):
              "or a shorter context (playbooks/tune.yml, then server_profile, or server_flag_overrides), "
              "and measure with playbooks/benchmark.yml."),
         rule("SglangQueueGrowing",
-             f'sglang:num_queue_reqs{{job="sglang"}} > {queue} and deriv(sglang:num_queue_reqs{{job="sglang"}}[10m]) > 0',
+             f'sglang:num_queue_reqs{{job="server"}} > {queue} and deriv(sglang:num_queue_reqs{{job="server"}}[10m]) > 0',
              "queue_growing", "warning",
              "{{ $value }} requests wait in SGLang's queue, and more keep coming",
              f"More than {queue} requests (monitoring_queue_threshold) wait for a slot and the queue grows: "
@@ -430,9 +430,9 @@ def monitoring_rules(ctx):
              f"The node collector has not written for {stale} s, or nvidia-smi fails on {{{{ $labels.node }}}}: the "
              "GPU temperature and filesystem alerts are blind there.",
              "Run playbooks/preflight.yml (nvidia-smi, the driver), then playbooks/monitoring.yml (the collector's "
-             "timer, sglang-monitoring-collector.timer)."),
+             "timer, spark-llm-monitoring-collector.timer)."),
     ]
-    return {"groups": [{"name": "sglang-tp-group", "rules": rules}]}
+    return {"groups": [{"name": "spark-llm-tp-group", "rules": rules}]}
 
 
 # --- Grafana -----------------------------------------------------------------------------------------
@@ -478,6 +478,18 @@ def monitoring_drift(probe, want):
     return drift
 
 
+def monitoring_stopped_before(lines):
+    """The units the role found on the node, not running, before it first touched them ("unit enabled-state
+    active-state" lines of its record): [{unit, enabled}] for uninstall to stop again. A unit that was not there
+    (its package was installed by the role, and is purged) or that ran is not in it."""
+    out = []
+    for line in lines or []:
+        fields = str(line).split()
+        if len(fields) == 3 and fields[1] not in ("absent", "not-found") and fields[2] != "active":
+            out.append({"unit": fields[0], "enabled": fields[1] == "enabled"})
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -489,4 +501,5 @@ class FilterModule:
             "monitoring_dashboard": monitoring_dashboard,
             "monitoring_dashboard_content": monitoring_dashboard_content,
             "monitoring_duration_seconds": duration_seconds,
+            "monitoring_stopped_before": monitoring_stopped_before,
         }

@@ -678,7 +678,7 @@ def _check_scalars(ctx, errors):
     if not isinstance(unit, str) or not UNIT_NAME.match(unit):
         errors.append(
             f"spark_unit_name = {inputs.shown(unit)}: must be a systemd service unit name. Fix: e.g. "
-            "sglang.service."
+            "spark-llm.service."
         )
 
     host = ctx.get("server_host")

@@ -14,6 +14,7 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials
 
 # The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
 # settings were sglang_<concern>_*, and are <concern>_* since.
@@ -84,7 +85,24 @@ def spark_renamed_settings(hostvars, hosts):
     return found
 
 
+def spark_credential_file(folder, name, legacy_name):
+    """`folder`/`name`, or `folder`/`legacy_name` while only that exists: a controller whose credentials still carry
+    their names before 1.3.0 (the take-over renames them) keeps reaching the endpoint with the key it has."""
+    path = os.path.join(str(folder), str(name))
+    legacy = os.path.join(str(folder), str(legacy_name))
+    return legacy if not os.path.isfile(path) and os.path.isfile(legacy) else path
+
+
+def spark_legacy_credentials(folder, legacy_names, names):
+    """The controller's credential files still under their names before 1.3.0, as "old -> new" (read here, on the
+    controller, so that a run costs no task for them; the legacy_names module moves them)."""
+    pairs = zip(credentials(legacy_names), credentials(names), strict=True)
+    return [f"{os.path.join(str(folder), old)} -> {os.path.join(str(folder), new)}"
+            for old, new in pairs if old != new and os.path.lexists(os.path.join(str(folder), old))]
+
+
 class FilterModule:
     def filters(self):
         return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
-                "spark_project_dir": spark_project_dir}
+                "spark_project_dir": spark_project_dir, "spark_credential_file": spark_credential_file,
+                "spark_legacy_credentials": spark_legacy_credentials}

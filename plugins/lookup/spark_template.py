@@ -28,7 +28,7 @@ DOCUMENTATION = """
 EXAMPLES = """
 - name: Checksum of the unit as the template module would write it
   ansible.builtin.debug:
-    msg: "{{ lookup('dgx_spark.llm_serving.spark_template', 'sglang.service.j2') | hash('sha1') }}"
+    msg: "{{ lookup('dgx_spark.llm_serving.spark_template', 'server.service.j2') | hash('sha1') }}"
 """
 
 RETURN = """

@@ -78,7 +78,7 @@ class Endpoint:
             "Accept: text/event-stream",
             f"Content-Length: {len(body)}",
             "Connection: close",
-            "User-Agent: sglang-benchmark",
+            "User-Agent: spark-llm-benchmark",
         ]
         if self.key:
             head.append(f"Authorization: Bearer {self.key}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-KIND = "sglang-benchmark"
+KIND = "spark-llm-benchmark"
+# What versions before 1.3.0 wrote: their reports stay comparable.
+KINDS_READ = (KIND, "sglang-benchmark")
 
 
 def load(path: str):
@@ -22,7 +24,7 @@ def compare_problem(path) -> str | None:
         return f"cannot be read ({err.strerror})"
     except ValueError as err:
         return f"is not JSON ({err})"
-    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS_READ:
         found = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
         return f"is not a benchmark report (kind {found!r}; playbooks/benchmark.yml writes kind {KIND!r})"
     if not isinstance(doc.get("levels"), list) or not doc["levels"]:

@@ -76,7 +76,7 @@ def _http_problem(name, exchange):
             f"HTTP {status}",
             "the endpoint wants an API key and the one sent is missing or different",
             "send the key the server was deployed with: server_api_key, else the generated one "
-            "(<inventory>/.credentials/sglang_api_key; verify_api_key overrides both)",
+            "(<inventory>/.credentials/spark_llm_api_key; verify_api_key overrides both)",
         )
     if status != 200:
         return check(
@@ -301,7 +301,7 @@ def judge_auth(exchanges, access):
     anonymous, wrong = exchanges.get("unauthenticated"), exchanges.get("wrong_key")
     if not access.get("keyed"):
         if not access.get("allow_unauthenticated"):
-            where = access.get("key_file") or "<inventory>/.credentials/sglang_api_key"
+            where = access.get("key_file") or "<inventory>/.credentials/spark_llm_api_key"
             return check(
                 "auth",
                 False,

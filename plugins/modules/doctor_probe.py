@@ -68,11 +68,11 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: Read the rank
   dgx_spark.llm_serving.doctor_probe:
-    unit: sglang.service
+    unit: spark-llm.service
     journal_lines: 2000
-    container: sglang
-    env_file: /etc/sglang/sglang.env
-    args_file: /etc/sglang/server-args.json
+    container: spark-llm
+    env_file: /etc/spark-llm/spark-llm.env
+    args_file: /etc/spark-llm/server-args.json
     model_dir: /opt/models/glm53
     fabric_interface: enp1s0f1np1
     peers: [192.168.100.11]
@@ -187,7 +187,7 @@ test -n "$ref" && echo "$ref $(docker image inspect --format '{{.Id}}' "$ref")"
 """
 
 
-def script(text, *args, name="sglang-doctor-probe"):
+def script(text, *args, name="spark-llm-doctor-probe"):
     return ["/bin/bash", "-c", text, name, *args]
 
 
@@ -218,7 +218,7 @@ def main():
         # Every property, as the systemd module registered them: the filter picks the ones it reads
         # (filter_plugins/doctor.py, UNIT_PROPERTIES), so the list lives there alone.
         "show": ["systemctl", "show", "--no-pager", "--", unit],
-        "journal": script(LOGS, str(p["journal_lines"]), unit, container, name="sglang-doctor-logs"),
+        "journal": script(LOGS, str(p["journal_lines"]), unit, container, name="spark-llm-doctor-logs"),
         "unit_file": ["systemctl", "cat", "--no-pager", "--", unit],
         "smi": script(SMI),
         "host": script(HOST, model_dir),

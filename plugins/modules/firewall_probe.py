@@ -36,7 +36,7 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: Read the node
   dgx_spark.llm_serving.firewall_probe:
-    table: inet sglang_guard
+    table: inet spark_llm_guard
   register: __firewall_probe
 """
 

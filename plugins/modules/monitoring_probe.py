@@ -33,7 +33,7 @@ EXAMPLES = r"""
 - name: Read the node
   dgx_spark.llm_serving.monitoring_probe:
     packages: [prometheus-node-exporter]
-    paths: [/etc/systemd/journald.conf.d/60-sglang-monitoring.conf]
+    paths: [/etc/systemd/journald.conf.d/60-spark-llm-monitoring.conf]
     units: [prometheus-node-exporter.service]
   register: __monitoring_probe
 """

@@ -70,7 +70,7 @@ EXAMPLES = r"""
 - name: Probe the node
   dgx_spark.llm_serving.preflight_probe:
     model_dir: /opt/models/glm53
-    server_container: sglang
+    server_container: spark-llm
     list_netdevs: true
   register: __preflight_node
 """

@@ -65,9 +65,9 @@ EXAMPLES = r"""
 - name: Keep what passed readiness until verify says it is good
   dgx_spark.llm_serving.server_config:
     state: pending
-    files: {unit: /etc/systemd/system/sglang.service, env: /etc/sglang/sglang.env, args: /etc/sglang/server-args.json}
-    store: /etc/sglang
-    container: sglang
+    files: {unit: /etc/systemd/system/spark-llm.service, env: /etc/spark-llm/spark-llm.env, args: /etc/spark-llm/server-args.json}
+    store: /etc/spark-llm
+    container: spark-llm
 """
 
 RETURN = r"""
@@ -142,7 +142,7 @@ def differences(a_files, a_image_id, b):
 def _write(path, content, mode):
     """Write `content` to `path` through a temporary file beside it, with `mode` from the first byte."""
     folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sglang-config-")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".spark-llm-config-")
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:

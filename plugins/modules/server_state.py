@@ -85,12 +85,12 @@ EXAMPLES = r"""
   dgx_spark.llm_serving.server_state:
     image_ref: lmsysorg/sglang:glm-5.3-flash-arm64
     model_config: /opt/models/glm53/config.json
-    files: {unit: /etc/systemd/system/sglang.service, env: /etc/sglang/sglang.env, args: /etc/sglang/server-args.json}
-    config_dir: /etc/sglang
-    unit: sglang.service
-    nginx_conf: /etc/nginx/conf.d/sglang.conf
-    store: /etc/sglang
-    container: sglang
+    files: {unit: /etc/systemd/system/spark-llm.service, env: /etc/spark-llm/spark-llm.env, args: /etc/spark-llm/server-args.json}
+    config_dir: /etc/spark-llm
+    unit: spark-llm.service
+    nginx_conf: /etc/nginx/conf.d/spark-llm.conf
+    store: /etc/spark-llm
+    container: spark-llm
 """
 
 RETURN = r"""

@@ -40,8 +40,8 @@ attributes:
 EXAMPLES = r"""
 - name: Read the supervisor on the head
   dgx_spark.llm_serving.supervisor_state:
-    paths: [/usr/local/lib/sglang-supervisor, /etc/sglang/supervisor.json]
-    unit: sglang-supervisor.service
+    paths: [/usr/local/lib/spark-llm-supervisor, /etc/spark-llm/supervisor.json]
+    unit: spark-llm-supervisor.service
 """
 
 RETURN = r"""

@@ -72,7 +72,7 @@ EXAMPLES = r"""
 - name: Verify the head's endpoint from the controller
   dgx_spark.llm_serving.verify_endpoint:
     endpoint: http://spark-0:30000
-    key_file: "{{ inventory_dir }}/.credentials/sglang_api_key"
+    key_file: "{{ inventory_dir }}/.credentials/spark_llm_api_key"
     expected_model: /models/glm53
   delegate_to: localhost
   register: __verify_result

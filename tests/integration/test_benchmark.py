@@ -229,14 +229,14 @@ def test_an_earlier_report_stands_beside_a_new_one(measured, standin, inventory,
 
 def test_bad_input_is_refused_before_any_request_or_restart(standin, inventory, tmp_path):
     not_a_report = tmp_path / "verify.json"
-    not_a_report.write_text(json.dumps({"kind": "sglang-verify", "ok": True}))
+    not_a_report.write_text(json.dumps({"kind": "spark-llm-verify", "ok": True}))
     before = standin.counts()["requests"]
     result, report = benchmark(inventory, settings(standin, tmp_path, benchmark_concurrency=[],
                                                    benchmark_compare=str(not_a_report)))
     assert result.rc != 0 and report is None
     assert {d["task"] for d in result.failed} == {"Refuse unusable benchmark settings before any request"}
     for text in ("benchmark_concurrency = []: is empty",
-                 f"= '{not_a_report}' is not a benchmark report (kind 'sglang-verify'"):
+                 f"= '{not_a_report}' is not a benchmark report (kind 'spark-llm-verify'"):
         assert text in result.failure_messages(), result.failure_messages()
     assert standin.counts()["requests"] == before
     # The tune refuses a context above the model's window before it restarts anything (or reads a node).

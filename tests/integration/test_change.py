@@ -21,23 +21,41 @@ import time
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.harness import cluster as sim
 from tests.lib import node_state, outside_project
-from tests.lib.playbook import run_playbook
+from tests.lib.playbook import REPO, run_playbook
 from tests.lib.supervised import api_key_header, generate
 
 pytestmark = pytest.mark.slow
 
-UNIT = "sglang.service"
-FILES = {"unit": f"/etc/systemd/system/{UNIT}", "env": "/etc/sglang/sglang.env", "args": "/etc/sglang/server-args.json"}
-LAST_GOOD = "/etc/sglang/last-good"
+UNIT = "spark-llm.service"
+FILES = {"unit": f"/etc/systemd/system/{UNIT}", "env": "/etc/spark-llm/spark-llm.env", "args": "/etc/spark-llm/server-args.json"}
+LAST_GOOD = "/etc/spark-llm/last-good"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 # Builds the stand-in registry serves: SGLang's default TileLang tile (too big for GB10's shared
 # memory), one that answers 17 x 23 wrongly, and a plain second tag.
 TILE, WRONG, V2 = f"{IMAGE}-tile", f"{IMAGE}-wrong", f"{IMAGE}-v2"
 BUILDS = {TILE: {"sglang": {"tilelang_tile": "default"}}, WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
 PLAN = "Refuse invalid SGLang server settings before any change"
+LEGACY = yaml.safe_load((REPO / "roles/spark/vars/main.yml").read_text())["spark_legacy_names"]
+# What each name of the collection's units and files is on a node: present or not, old name and new.
+LAYOUT = ("for p in /etc/systemd/system/sglang.service /etc/systemd/system/spark-llm.service /etc/sglang /etc/spark-llm "
+          "/etc/systemd/system/sglang-supervisor.service /etc/systemd/system/spark-llm-supervisor.service "
+          "/var/lib/sglang-supervisor /var/lib/spark-llm-supervisor "
+          "/etc/systemd/system/sglang-firewall.service /etc/systemd/system/spark-llm-firewall.service "
+          "/etc/nftables.d/sglang_guard.nft /etc/nftables.d/spark_llm_guard.nft "
+          "/etc/systemd/system/sglang-monitoring-collector.timer /etc/systemd/system/spark-llm-monitoring-collector.timer "
+          "/var/lib/sglang-monitoring /var/lib/spark-llm-monitoring; do test -e $p && echo $p; done; "
+          "nft list tables | grep -o 'sglang_guard\\|spark_llm_guard'")
+LEGACY_ON_WORKER = ["/etc/systemd/system/sglang.service", "/etc/sglang", "/etc/systemd/system/sglang-firewall.service",
+                    "/etc/nftables.d/sglang_guard.nft", "/etc/systemd/system/sglang-monitoring-collector.timer",
+                    "/var/lib/sglang-monitoring", "sglang_guard"]
+LEGACY_ON_HEAD = LEGACY_ON_WORKER[:2] + ["/etc/systemd/system/sglang-supervisor.service", "/var/lib/sglang-supervisor"] \
+    + LEGACY_ON_WORKER[2:]
+NEW_ON_WORKER = [p.replace("sglang_guard", "spark_llm_guard").replace("sglang", "spark-llm") for p in LEGACY_ON_WORKER]
+NEW_ON_HEAD = [p.replace("sglang_guard", "spark_llm_guard").replace("sglang", "spark-llm") for p in LEGACY_ON_HEAD]
 ROLLED_BACK = "The change failed and was rolled back: every rank runs its last good configuration again"
 
 
@@ -55,7 +73,7 @@ def last_good(cluster) -> dict:
 
 
 def running_image(node) -> str:
-    return sh(node, "docker inspect --type container --format '{{.Image}}' sglang").strip()
+    return sh(node, "docker inspect --type container --format '{{.Image}}' spark-llm").strip()
 
 
 def image_id(node, ref: str) -> str:
@@ -81,8 +99,8 @@ def assert_back_on_the_last_good_configuration(site, result, before):
     assert ROLLED_BACK in result.failure_messages(), result.failure_messages() or result.stdout[-3000:]
     # The unit files (and env file, 0600, and server-args.json) are the previous ones, byte for byte.
     assert config(site.cluster) == before
-    assert sh(site.cluster.nodes[0], f"ls /etc/sglang; stat -c %a {LAST_GOOD}/sglang.env").split() == [
-        "last-good", "server-args.json", "sglang.env", "supervisor.json", "600"]
+    assert sh(site.cluster.nodes[0], f"ls /etc/spark-llm; stat -c %a {LAST_GOOD}/spark-llm.env").split() == [
+        "last-good", "server-args.json", "spark-llm.env", "supervisor.json", "600"]
     kept = last_good(site.cluster)
     assert kept == site.kept
     assert [running_image(n) for n in site.cluster.nodes] == [kept[n.name]["image_id"] for n in site.cluster.nodes]
@@ -109,14 +127,65 @@ def site(sim_cluster, tmp_path_factory):
     # The pair as it booted: what uninstall.yml must give back.
     fresh = node_state.snapshot(sim_cluster)
     s = Site(sim_cluster, fresh, {
-        "supervisor_enabled": True,
+        "supervisor_enabled": True, "spark_monitoring": True,
         "verify_report_dir": reports, "doctor_bundle_dir": reports, "benchmark_report_dir": reports})
-    result = s.play("site.yml")
-    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    # First as a site that 1.2.0 deployed: every unit and file under the name that said the engine. Extra
+    # variables outrank the site role's vars, so the names before 1.3.0 can be given from outside.
+    legacy = s.play("site.yml", **LEGACY)
+    assert legacy.rc == 0, legacy.failure_messages() or legacy.stdout[-3000:]
+    s.legacy_key = (sim_cluster.inventory / ".credentials" / LEGACY["spark_api_key_name"]).read_text()
+    s.legacy_preview = run_playbook("site.yml", sim_cluster.inventory, check=True, diff=True, extravars=s.vars)
+    s.legacy_layout = {n.name: sh(n, LAYOUT) for n in sim_cluster.nodes}
+    # Then this version's site.yml, as an operator runs it after upgrading the collection.
+    s.t0 = time.time()
+    s.takeover = s.play("site.yml")
+    assert s.takeover.rc == 0, s.takeover.failure_messages() or s.takeover.stdout[-3000:]
     s.kept = last_good(sim_cluster)
     assert {k["image_ref"] for k in s.kept.values()} == {IMAGE}
     s.reports = reports
     return s
+
+
+def test_a_site_deployed_under_the_names_before_1_3_takes_the_new_ones_with_one_restart(site):
+    cluster = site.cluster
+    head, worker = cluster.nodes
+    # The site in check mode showed the move and made none (preflight knew the running rank under its old unit as
+    # the site's own): the legacy layout was untouched when the real run began.
+    preview = site.legacy_preview
+    assert preview.rc == 0, preview.failure_messages() or preview.stdout[-3000:]
+    said = {host: res["msg"] for host, res in preview.results("Say what moved").items()}
+    assert sorted(said) == ["spark-0", "spark-1"], said
+    for msg in said.values():
+        assert "this run would move:" in msg and "sglang.service -> spark-llm.service" in msg, msg
+        assert "/etc/sglang -> /etc/spark-llm" in msg, msg
+    assert "sglang-supervisor.service -> spark-llm-supervisor.service" in said["spark-0"]
+    for n in cluster.nodes:
+        assert site.legacy_layout[n.name].split() == (
+            LEGACY_ON_HEAD if n is head else LEGACY_ON_WORKER), site.legacy_layout[n.name]
+    # Each node said what moved, once, and the group serves under the new names.
+    lines = [line for line in site.takeover.stdout.splitlines() if "was deployed under the names before 1.3.0" in line]
+    assert sorted(line.split("[DEPRECATED] ")[1].split()[0] for line in lines) == ["spark-0", "spark-1"], lines
+    for n in cluster.nodes:
+        assert sh(n, LAYOUT).split() == (NEW_ON_HEAD if n is head else NEW_ON_WORKER), n.name
+        assert sh(n, f"systemctl is-active {UNIT}").strip() == "active"
+        assert sh(n, "nft list tables").split().count("spark_llm_guard") == 1, "one table guards the ports"
+        # One restart: the old container stopped, the new one started once.
+        seen = [e for e in events(n, site.t0) if e["Type"] == "container" and e["Action"] == "start"]
+        assert [e["Actor"]["Attributes"].get("name") for e in seen] == ["spark-llm"], seen
+    # The supervisor's state and the monitoring's record of how the exporter ran before it moved with them.
+    assert sh(head, "systemctl is-active spark-llm-supervisor.service").strip() == "active"
+    assert sh(head, "cat /var/lib/spark-llm-monitoring/units-before").split()[:3] == [
+        "prometheus-node-exporter.service", "disabled", "inactive"]
+    # The clients' key is the one they had.
+    credentials = cluster.inventory / ".credentials"
+    assert (credentials / "spark_llm_api_key").read_text() == site.legacy_key
+    assert not (credentials / LEGACY["spark_api_key_name"]).exists()
+    assert generate(cluster)
+    # And a second run finds nothing left to move or change.
+    again = site.play("site.yml")
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    assert again.changed == [], again.changed
+    assert "was deployed under the names before 1.3.0" not in again.stdout
 
 
 def test_bad_input_is_refused_before_any_node_changes(site):
@@ -216,8 +285,9 @@ def test_uninstall_in_check_mode_lists_what_would_go_and_changes_nothing(site):
               if e["event_data"].get("task", "").startswith("List what goes")]
     said = " ".join(d["res"]["msg"] for d in listed)
     head = " ".join(d["res"]["msg"] for d in listed if d["host"] == "spark-0")
-    for item in ("would remove /etc/systemd/system/sglang-supervisor.service", "/etc/systemd/system/sglang.service, /etc/sglang",
-                 "/etc/nftables.d/sglang_guard.nft", "/opt/spark-checkpoint/venv", "/etc/netplan/40-cx7.yaml",
+    for item in ("would remove /etc/systemd/system/spark-llm-supervisor.service",
+                 "/etc/systemd/system/spark-llm.service, /etc/spark-llm", "/etc/nftables.d/spark_llm_guard.nft",
+                 "/opt/spark-checkpoint/venv", "/etc/netplan/40-cx7.yaml",
                  "/root/.ssh/id_spark_fabric", "keeping the checkpoint: /opt/models/glm53"):
         assert item in head, head
     assert "the head key in" in said
@@ -266,7 +336,7 @@ def test_the_built_collection_runs_the_site_from_a_project_of_its_own_and_change
     project = outside_project.create(root, outside_project.build(root), site.cluster.inventory)
     head = site.cluster.nodes[0]
     # The site's own settings, as the suite's runs pass them; reports go where the project keeps them.
-    settings = json.dumps({"supervisor_enabled": True})
+    settings = json.dumps({"supervisor_enabled": True, "spark_monitoring": True})
 
     render = project.run("ansible-playbook", "dgx_spark.llm_serving.render", "-i", "inventory", "-e", settings)
     assert render.returncode == 0, render.stdout[-3000:] + render.stderr[-2000:]

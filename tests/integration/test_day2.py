@@ -47,9 +47,9 @@ def deployed(sim_cluster):
                           extravars={"server_readiness_timeout": READINESS, "checkpoint_revision": REVISION})
     assert result.rc == 0, result.stdout[-4000:]
     yield sim_cluster
-    # Leave the nodes as other test modules expect them: no sglang unit installed.
+    # Leave the nodes as other test modules expect them: no server unit installed.
     for n in sim_cluster.nodes:
-        sim.ssh(n, f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT}; rm -rf /etc/sglang; "
+        sim.ssh(n, f"systemctl disable --now {UNIT}; rm -f /etc/systemd/system/{UNIT}; rm -rf /etc/spark-llm; "
                    f"systemctl daemon-reload; systemctl reset-failed {UNIT}; true", check=False)
 
 

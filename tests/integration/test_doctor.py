@@ -35,8 +35,8 @@ HF_TOKEN = "hf_PlantedTokenAbCdEfGh0123456789xyz"  # noqa: S105 - planted on pur
 # Known to the doctor by neither value nor variable: only its shape can give it away.
 STRAY = "hf_StrayTokenQwErTy9876543210AbCdEf"  # noqa: S105 - planted on purpose
 SECRETS = (API_KEY, ADMIN_KEY, HF_TOKEN, STRAY)
-ARGS_FILE = "/etc/sglang/server-args.json"
-ENV_FILE = "/etc/sglang/sglang.env"
+ARGS_FILE = "/etc/spark-llm/server-args.json"
+ENV_FILE = "/etc/spark-llm/spark-llm.env"
 DROP_IN = f"/etc/systemd/system/{UNIT}.d/50-by-hand.conf"
 # Short waits where the real ones are minutes: rank 0 gives up on a missing peer after 6 s.
 KNOBS = {"spark-0": {"sglang": {"rendezvous_timeout": 6, "load_seconds": 0.2}},
@@ -75,7 +75,7 @@ def first(sim_cluster):
     assert result.rc != 0, "the state cache was meant to be too small"
     yield sim_cluster
     for n in sim_cluster.nodes:
-        sim.ssh(n, f"systemctl disable --now {UNIT}; rm -rf /etc/systemd/system/{UNIT}* /etc/sglang; "
+        sim.ssh(n, f"systemctl disable --now {UNIT}; rm -rf /etc/systemd/system/{UNIT}* /etc/spark-llm; "
                    f"systemctl daemon-reload; systemctl reset-failed {UNIT}; true", check=False)
 
 
@@ -176,7 +176,7 @@ def test_an_oom_kill_after_a_fixed_start_shows_only_the_new_cause_and_its_remedy
 def test_a_kill_9_is_a_signal_not_memory_and_its_peer_died_with_it(first, tmp_path):
     """Finding 8: exit 137 without docker's OOM kill is a signal; the head names the worker's end as its cause."""
     head, worker = first.nodes
-    sh(worker, "kill -9 $(docker inspect --format '{{.State.Pid}}' sglang)")
+    sh(worker, "kill -9 $(docker inspect --format '{{.State.Pid}}' spark-llm)")
     wait_down(first, worker.name, head.name)
     stop(first, head.name, worker.name)
     _, files, _ = run_doctor(first, tmp_path)

@@ -41,8 +41,8 @@ from tests.lib.supervised import MODEL_DIR, UNIT, checkpoint_files
 pytestmark = pytest.mark.shared_nodes
 
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-ENV_FILE = "/etc/sglang/sglang.env"
-ARGS_FILE = "/etc/sglang/server-args.json"
+ENV_FILE = "/etc/spark-llm/spark-llm.env"
+ARGS_FILE = "/etc/spark-llm/server-args.json"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 REPO_ID = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
 FABRIC = "enp1s0f1np1"
@@ -84,8 +84,8 @@ def rendered(sim_cluster, tmp_path_factory):
     files, before = {}, {}
     for n in sim_cluster.nodes:
         # The render redacts the key; the installed env file holds it, as server.yml writes it.
-        files[n.name] = {"unit": (out / n.name / "sglang.service").read_text(),
-                         "env": (out / n.name / "sglang.env").read_text().replace("<redacted>", API_KEY)}
+        files[n.name] = {"unit": (out / n.name / "spark-llm.service").read_text(),
+                         "env": (out / n.name / "spark-llm.env").read_text().replace("<redacted>", API_KEY)}
         assert f"SGLANG_API_KEY={API_KEY}" in files[n.name]["env"]
         before[n.name] = sh(n, f"systemctl is-active {' '.join(PULLED_IN)}; ls -A /run/spark-sim 2>/dev/null",
                             check=False).split()
@@ -93,7 +93,7 @@ def rendered(sim_cluster, tmp_path_factory):
         for n in sim_cluster.nodes:
             sim.set_knobs(sim_cluster.instance, n.name, KNOBS[n.name])
             put(n, ARGS_FILE, (out / n.name / "server-args.json").read_text())
-            sh(n, f"chmod 0700 /etc/sglang && {checkpoint_files()} && mkdir -p /dev/infiniband"
+            sh(n, f"chmod 0700 /etc/spark-llm && {checkpoint_files()} && mkdir -p /dev/infiniband"
                   f" && ip addr add {n.fabric_ip}/24 dev {FABRIC} && ip link set {FABRIC} mtu 9000"
                   f" && docker pull -q {IMAGE} >/dev/null")
         yield files
@@ -103,7 +103,7 @@ def rendered(sim_cluster, tmp_path_factory):
             pulled = [u for u, state in zip(PULLED_IN, was, strict=False) if state != "active"]
             runtime = " ".join(f"/run/spark-sim/{f}" for f in sh(n, "ls -A /run/spark-sim 2>/dev/null", check=False).split()
                                if f not in was[len(PULLED_IN):])
-            sh(n, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf {UNIT_PATH} /etc/sglang {MODEL_DIR}*"
+            sh(n, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf {UNIT_PATH} /etc/spark-llm {MODEL_DIR}*"
                   f" /opt/models /var/lib/spark-sim /dev/infiniband /root/processor_config.json {runtime};"
                   f" systemctl daemon-reload; ip addr del {n.fabric_ip}/24 dev {FABRIC}; ip link set {FABRIC} mtu 1500;"
                   f" {'systemctl stop ' + ' '.join(pulled) if pulled else 'true'}; true", check=False)

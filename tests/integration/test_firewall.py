@@ -39,10 +39,10 @@ from tests.lib.supervised import REVISION, checkpoint_files, wait_for
 
 pytestmark = pytest.mark.slow
 
-TABLE = "inet sglang_guard"
-UNIT = "sglang-firewall.service"
-RANK = "sglang.service"
-RULES = "/etc/nftables.d/sglang_guard.nft"
+TABLE = "inet spark_llm_guard"
+UNIT = "spark-llm-firewall.service"
+RANK = "spark-llm.service"
+RULES = "/etc/nftables.d/spark_llm_guard.nft"
 SERVER = "playbooks/server.yml"
 VARS = {"checkpoint_revision": REVISION}
 REFUSED = "Refuse a firewall that would shut out the controller or admit no valid client"
@@ -94,7 +94,7 @@ def node_connect(node, host: str, port: int, source: str) -> str:
 
 def api_key(cluster) -> str:
     """The key server.yml generated beside the inventory, when it generated one."""
-    path = Path(cluster.inventory) / ".credentials" / "sglang_api_key"
+    path = Path(cluster.inventory) / ".credentials" / "spark_llm_api_key"
     return path.read_text().strip() if path.exists() else ""
 
 
@@ -148,7 +148,7 @@ def drops(node, chain: str, comment: str) -> int:
     return next(x["counter"]["packets"] for x in rule["expr"] if "counter" in x)
 
 
-HTTP_DROP = ("http_port", "sglang http: not an allowed client")
+HTTP_DROP = ("http_port", "server http: not an allowed client")
 DIST_DROP = ("rank_ports", "dist-init (TCPStore): fabric peers only")
 FABRIC_DROP = ("rank_ports", "NCCL/Gloo on the fabric address: fabric peers only")
 RANDOM_DROP = ("rank_ports", "rank 0 listeners on random ports: fabric peers only")

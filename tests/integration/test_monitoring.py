@@ -37,7 +37,7 @@ ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_
 CONFIG_DIR = "/etc/prometheus/spark"
 REFUSED = "Refuse monitoring settings that do not parse"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
-DASHBOARD = REPO / "roles" / "monitoring" / "files" / "sglang-dashboard.json"
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"
 # Kept by the report pruning (monitoring_reports_keep: 2 runs of each kind).
 REPORTS = ["verify-20260101T000000Z.json", "verify-20260102T000000Z.json", "verify-20260103T000000Z.json",
            "benchmark-20260101T000000Z.json", "benchmark-20260101T000000Z.md", "tune-record.json"]
@@ -124,9 +124,9 @@ def site(sim_cluster, tmp_path_factory):
     preview = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars, check=True, diff=True)
     assert preview.rc == 0, preview.failure_messages() or preview.stdout[-4000:]
     written_by_preview = sh(worker, " ; ".join(f"test -e {path} && echo written {path}" for path in (
-        CONFIG_DIR, "/etc/systemd/journald.conf.d/60-sglang-monitoring.conf",
-        "/etc/systemd/system/prometheus.service.d/sglang-monitoring.conf",
-        "/usr/local/lib/sglang-monitoring")) + " ; true")
+        CONFIG_DIR, "/etc/systemd/journald.conf.d/60-spark-llm-monitoring.conf",
+        "/etc/systemd/system/prometheus.service.d/spark-llm-monitoring.conf",
+        "/usr/local/lib/spark-llm-monitoring")) + " ; true")
     reports_after_preview = sorted(p.name for p in reports.iterdir())
     posts_after_preview = len(grafana.posts())
     deploy = run_playbook(MONITORING, sim_cluster.inventory, extravars=extravars)
@@ -178,9 +178,9 @@ def test_prometheus_scrapes_every_target_over_the_management_network(site):
     # The head's SGLang wants the key on /metrics (metrics_behind_key): the target is up only with it. Prometheus
     # reads it from its 0600 file; it is in no configuration, unit or command line.
     key = api_key_header(site)["Authorization"].split(" ", 1)[1]
-    assert sh(worker, f"stat -c '%a %U' {CONFIG_DIR}/sglang_api_key").strip() == "600 prometheus"
+    assert sh(worker, f"stat -c '%a %U' {CONFIG_DIR}/spark_llm_api_key").strip() == "600 prometheus"
     config = sh(worker, f"cat {CONFIG_DIR}/prometheus.yml")
-    assert f"credentials_file: {CONFIG_DIR}/sglang_api_key" in config and key not in config
+    assert f"credentials_file: {CONFIG_DIR}/spark_llm_api_key" in config and key not in config
     assert key not in sh(worker, "ps -eo args; systemctl cat prometheus.service")
     # Retention bounded by the role's defaults; Prometheus answers only the allowed client.
     flags = sh(worker, "ps -o args= -C prometheus")
@@ -193,14 +193,14 @@ def test_a_query_for_the_generation_throughput_returns_a_number_after_a_few_requ
         assert generate(site, timeout=30)
 
     def throughput():
-        found = value(site, 'sum(rate(sglang:generation_tokens_total{job="sglang"}[1m]))')
+        found = value(site, 'sum(rate(sglang:generation_tokens_total{job="server"}[1m]))')
         return found if found and found[0][1] > 0 else None
 
     (labels, tokens_per_second), = wait_for(throughput, "a generation throughput above 0", 60)
     assert labels == {} and tokens_per_second > 0
     # The histograms moved with the requests (once a scrape after the last one came); the model is labelled as
     # SGLang labels it.
-    (labels, count), = wait_for(lambda: [r for r in value(site, 'sglang:time_to_first_token_seconds_count{job="sglang"}')
+    (labels, count), = wait_for(lambda: [r for r in value(site, 'sglang:time_to_first_token_seconds_count{job="server"}')
                                          if r[1] >= 3], "three first tokens counted", 60)
     assert labels["model_name"] == "/models/glm53"
 
@@ -214,7 +214,7 @@ def test_gpu_and_node_figures_and_every_dashboard_metric_are_in_prometheus(site)
     unsupported = {m["node"] for m, v in value(site, 'spark_gpu_field_supported{field="memory.used"}') if v == 0}
     assert unsupported == {head.name, worker.name}
     assert value(site, "spark_gpu_memory_used_bytes") == []
-    units = {m["node"]: v for m, v in value(site, 'node_systemd_unit_state{name="sglang.service",state="active"}')}
+    units = {m["node"]: v for m, v in value(site, 'node_systemd_unit_state{name="spark-llm.service",state="active"}')}
     assert units == {head.name: 1.0, worker.name: 1.0}
     assert {m["purpose"] for m, _ in value(site, f'spark_filesystem_size_bytes{{node="{head.name}"}}')} == {"model", "root"}
     # Every metric a dashboard panel uses is a name Prometheus holds (the supervisor is off here, and no alert fired yet).
@@ -233,7 +233,7 @@ def test_the_exporter_admits_the_monitoring_host_only(site):
     assert connect(head.mgmt_ip, 9100) == "dropped"
     assert connect(worker.mgmt_ip, 9100) == "dropped"
     assert ":9100" in sh(head, "ss -Hltn 'sport = :9100'"), "the exporter listens: the drop is the firewall's"
-    rules = sh(head, "cat /etc/nftables.d/sglang_guard.nft")
+    rules = sh(head, "cat /etc/nftables.d/spark_llm_guard.nft")
     assert f"The node exporter port 9100: {worker.mgmt_ip}/32 (and loopback)" in rules
     assert "The Prometheus port 9090: " in rules
 
@@ -279,7 +279,7 @@ def test_a_second_run_changes_nothing(site):
 
 def test_stopping_a_rank_fires_its_alert(site):
     head, worker = site.nodes
-    sh(worker, "systemctl stop sglang.service")
+    sh(worker, "systemctl stop spark-llm.service")
 
     def firing():
         alerts = prometheus(site, "alerts")["alerts"]
@@ -289,7 +289,7 @@ def test_stopping_a_rank_fires_its_alert(site):
     (alert,) = wait_for(firing, "SparkRankUnitNotActive firing for the worker", 120)
     assert alert["labels"]["rank"] == "1" and alert["labels"]["severity"] == "critical"
     assert "playbooks/restart.yml" in alert["annotations"]["runbook"]
-    assert alert["annotations"]["summary"] == f"Rank 1's sglang.service is not active on {worker.name}"
+    assert alert["annotations"]["summary"] == f"Rank 1's spark-llm.service is not active on {worker.name}"
 
 
 # --- refused before any node is contacted -------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Preflight on a site that is already serving: the deployment's own rank is expected, anything else is not.
 
 A re-run of site.yml (an operator re-converging, Molecule's idempotence step)
-finds the SGLang rank of `sglang.service` holding the GPU and most of the
+finds the SGLang rank of `spark-llm.service` holding the GPU and most of the
 unified memory. The rank here is the stand-in server, started by the docker
 stand-in inside a transient unit named like the server's, exactly as the
 unit's ExecStart does (with or without an API key); the nvidia-smi stand-in
@@ -24,7 +24,7 @@ from tests.lib.roles import keyed_launcher
 
 PLAYBOOK = "playbooks/preflight.yml"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 SUMMARY_TASK = "Print the preflight summary of every node"
 STOP_TASK = "Stop when any node has a fatal finding"
 REFUSE_TASK = "Refuse a server unit name that systemd and docker cannot both use"
@@ -91,7 +91,7 @@ def rank(sim_cluster):
     """
     started = []
 
-    def start(name, unit=UNIT, container="sglang", port=30999, model_dir=SCRATCH_MODEL_DIR, *, api_key=None):
+    def start(name, unit=UNIT, container="spark-llm", port=30999, model_dir=SCRATCH_MODEL_DIR, *, api_key=None):
         n = node(sim_cluster, name)
         started.append((n, unit, container))
         sim.ssh(n, f"mkdir -p {model_dir} && touch {model_dir}/processor_config.json")
@@ -208,7 +208,7 @@ def test_foreign_gpu_processes_stay_fatal_beside_the_rank(sim_inventory, rank, k
     assert pids_in(fatal) == stray | {4242}, fatal
     assert "pid 4242 (ollama)" in fatal
     assert "in /system.slice/preflight-stray.service" in fatal
-    assert f"(outside {UNIT} and its container sglang)" in fatal
+    assert f"(outside {UNIT} and its container spark-llm)" in fatal
     assert pids_in(row(result, "spark-0", "INFO", "gpu-busy")) == held
     assert "spark-0  ok" not in summary(result)
     assert "spark-0  FATAL  gpu-busy" in result.failure_messages()
@@ -251,7 +251,7 @@ def test_processes_in_the_units_container_scope_are_the_rank(sim_inventory, sim_
         assert findings(result) == {("spark-0", "INFO", "gpu-busy")}
         note = row(result, "spark-0", "INFO", "gpu-busy")
         assert pids_in(note) == in_scope
-        assert "in container sglang" in note
+        assert "in container spark-llm" in note
 
         # Without the unit, the container's ID vouches for nothing.
         sim.ssh(n, f"systemctl stop {UNIT}")
@@ -264,7 +264,7 @@ def test_processes_in_the_units_container_scope_are_the_rank(sim_inventory, sim_
         sim.ssh(n, f"systemctl stop {UNIT} {scope}; systemctl reset-failed {UNIT} {scope}", check=False)
 
 
-BAD_UNITS = ["sglang", "../sglang.service", "sglang .service"]
+BAD_UNITS = ["sglang", "../spark-llm.service", "sglang .service"]
 # The refusal is each node's own (one assert a node, naming its value): two bad names share a run, one a node,
 # given as host variables; the third is given to both nodes (-e).
 _bad_unit_runs: dict[str, object] = {}

@@ -83,7 +83,7 @@ def test_render_writes_three_files_per_host(rendered):
     out, first, _ = rendered
     assert sorted(p.name for p in out.iterdir()) == sorted(NODES)
     for host in NODES:
-        assert sorted(p.name for p in (out / host).iterdir()) == ["server-args.json", "sglang.env", "sglang.service"]
+        assert sorted(p.name for p in (out / host).iterdir()) == ["server-args.json", "spark-llm.env", "spark-llm.service"]
     assert first.failed == []
 
 
@@ -131,7 +131,7 @@ def test_seed_list_of_this_test_is_the_facts_file_one():
 @pytest.mark.parametrize("host", sorted(NODES))
 def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, host):
     out, _, _ = rendered
-    unit = (out / host / "sglang.service").read_text()
+    unit = (out / host / "spark-llm.service").read_text()
     args = json.loads((out / host / "server-args.json").read_text())
     assert unit.startswith("#\n# Ansible managed\n")
     assert launch_args(unit) == args
@@ -142,12 +142,12 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
         "--gpus all", "--network host", "--ipc host", "--shm-size 32g", "--ulimit memlock=-1",
         "--ulimit stack=67108864", "--cap-add IPC_LOCK", "--device /dev/infiniband",
         "--memory 120g --memory-swap 120g", "--volume /opt/models/glm53:/models/glm53:ro",
-        "--env-file /etc/sglang/sglang.env", "--rm --name sglang",
+        "--env-file /etc/spark-llm/spark-llm.env", "--rm --name spark-llm",
     ):
         assert option in docker_opts, option
     assert " -d " not in f" {docker_opts} " and "--detach" not in docker_opts
-    assert "ExecStartPre=-/usr/bin/docker rm -f sglang" in unit
-    assert "ExecStop=-/usr/bin/docker stop --time 60 sglang" in unit
+    assert "ExecStartPre=-/usr/bin/docker rm -f spark-llm" in unit
+    assert "ExecStop=-/usr/bin/docker stop --time 60 spark-llm" in unit
     assert "SuccessExitStatus=143\n" in unit, "137 (an OOM kill) must stay a failure"
     assert re.search(r"^TimeoutStartSec=3600$", unit, re.M)
     assert re.search(r"^After=network-online.target docker.service$", unit, re.M)
@@ -169,7 +169,7 @@ def unsupervised_unauthenticated(tmp_path_factory):
 def test_without_the_supervisor_each_rank_restarts_itself(unsupervised_unauthenticated):
     out, result = unsupervised_unauthenticated
     assert result.rc == 0, result.stdout[-3000:]
-    unit = (out / "spark-1" / "sglang.service").read_text()
+    unit = (out / "spark-1" / "spark-llm.service").read_text()
     assert re.search(r"^Restart=on-failure$", unit, re.M) and re.search(r"^RestartSec=30$", unit, re.M)
     assert re.search(r"^StartLimitBurst=3$", unit, re.M)
 
@@ -177,7 +177,7 @@ def test_without_the_supervisor_each_rank_restarts_itself(unsupervised_unauthent
 @pytest.mark.parametrize("host", sorted(NODES))
 def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
     out, _, _ = rendered
-    path = out / host / "sglang.env"
+    path = out / host / "spark-llm.env"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     lines = path.read_text().splitlines()
     assert lines[1] == "# Ansible managed"
@@ -196,8 +196,8 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
 def test_serving_without_a_key_needs_allow_unauthenticated(unsupervised_unauthenticated):
     out, result = unsupervised_unauthenticated
     assert result.rc == 0, result.stdout[-3000:]
-    env = (out / "spark-0" / "sglang.env").read_text()
-    unit = (out / "spark-0" / "sglang.service").read_text()
+    env = (out / "spark-0" / "spark-llm.env").read_text()
+    unit = (out / "spark-0" / "spark-llm.service").read_text()
     assert "SGLANG_API_KEY" not in env and "python3 -m sglang.launch_server" in unit and "python3 -c" not in unit
 
 
@@ -245,10 +245,10 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
         assert args[args.index("--context-length") + 1] == "32768"
         assert "--disable-shared-experts-fusion" not in args
         assert args[-1] == "--enable-cache-report"
-        unit = (out / host / "sglang.service").read_text()
+        unit = (out / host / "spark-llm.service").read_text()
         assert launch_args(unit) == args
         assert "/dev/infiniband" not in unit
-        env = (out / host / "sglang.env").read_text()
+        env = (out / host / "spark-llm.env").read_text()
         assert "NCCL_IB_HCA=mlx5_0,mlx5_1\n" in env
         assert "SGLANG_API_KEY=<redacted>\n" in env
         # With a key the launcher reads it from the container environment, not from argv.
@@ -423,7 +423,7 @@ def test_an_inventory_written_for_the_old_names_renders_the_same_with_one_deprec
     by_old = run_playbook(PLAYBOOK, _legacy_inventory(tmp_path / "o", old), extravars={"server_render_dir": str(old_out)})
     assert by_new.rc == 0 and by_old.rc == 0, by_old.stdout[-3000:]
     for host in NODES:
-        for name in ("server-args.json", "sglang.service", "sglang.env"):
+        for name in ("server-args.json", "spark-llm.service", "spark-llm.env"):
             assert (old_out / host / name).read_text() == (new_out / host / name).read_text(), (host, name)
         args = json.loads((old_out / host / "server-args.json").read_text())
         assert args[args.index("--port") + 1] == "30123" and args[args.index("--context-length") + 1] == "32768"

@@ -91,7 +91,7 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
     try:
         # Workers first, then the head: the order a deployment restarts them in.
         for host in ("spark-1", "spark-0"):
-            lines = exec_lines((out / host / "sglang.service").read_text())
+            lines = exec_lines((out / host / "spark-llm.service").read_text())
             env = {**os.environ, "SPARK_SIM_ROOT": str(node_roots[host])}
             assert subprocess.run([sys.executable, str(DOCKER), "pull", IMAGE], env=env, check=False,
                                   capture_output=True).returncode == 0
@@ -101,7 +101,7 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
             assert start[0] == "/usr/bin/docker"
             env_file = tmp_path / f"{host}.env"
             # The real env file holds the key; the rendered one is redacted.
-            env_file.write_text((out / host / "sglang.env").read_text().replace("<redacted>", api_key))
+            env_file.write_text((out / host / "spark-llm.env").read_text().replace("<redacted>", api_key))
             env_files[host] = env_file
             start[start.index("--env-file") + 1] = str(env_file)
             procs[host] = subprocess.Popen([sys.executable, str(DOCKER), *start[1:]], env=env,
@@ -130,7 +130,7 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
         assert tool["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
         # The head's ExecStop ends its container cleanly (SuccessExitStatus covers 143);
         # the worker's TP group is gone with it, so it fails on its own.
-        stop = exec_lines((out / "spark-0" / "sglang.service").read_text())["ExecStop"]
+        stop = exec_lines((out / "spark-0" / "spark-llm.service").read_text())["ExecStop"]
         env = {**os.environ, "SPARK_SIM_ROOT": str(node_roots["spark-0"])}
         subprocess.run([sys.executable, str(DOCKER), *stop[1:]], env=env, check=True, capture_output=True)
         logs = {host: proc.communicate(timeout=20)[0] for host, proc in procs.items()}

@@ -26,7 +26,7 @@ from tests.lib.supervised import REVISION, UNIT, checkpoint_files
 
 READINESS = 300
 TLS = {"server_tls": True, "server_readiness_timeout": READINESS, "checkpoint_revision": REVISION}
-NGINX_CONF = "/etc/nginx/conf.d/sglang.conf"
+NGINX_CONF = "/etc/nginx/conf.d/spark-llm.conf"
 
 
 def sh(node, command, check=True, stdin=None):
@@ -59,32 +59,33 @@ def site(sim_cluster):
     preview = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=TLS, check=True)
     assert preview.rc == 0, preview.stdout[-4000:]
     assert not (sim_cluster.inventory / ".credentials").exists()
-    assert sh(sim_cluster.nodes[0], f"test -e {NGINX_CONF} || test -e /etc/sglang && echo there || echo none").strip() == "none"
+    there = sh(sim_cluster.nodes[0], f"test -e {NGINX_CONF} || test -e /etc/spark-llm && echo there || echo none")
+    assert there.strip() == "none"
     first = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=TLS, envvars={"ANSIBLE_VERBOSITY": "3"})
     assert first.rc == 0, first.stdout[-4000:]
     credentials = sim_cluster.inventory / ".credentials"
-    key = (credentials / "sglang_api_key").read_text().strip()
+    key = (credentials / "spark_llm_api_key").read_text().strip()
     second = run_playbook("playbooks/server.yml", sim_cluster.inventory, extravars=TLS)
     assert second.rc == 0, second.stdout[-4000:]
     head = sim_cluster.nodes[0]
     return {"cluster": sim_cluster, "head": head, "first": first, "second": second, "key": key,
-            "credentials": credentials, "ca": str(credentials / "sglang-ca.crt"), "url": f"https://{head.mgmt_ip}:30000"}
+            "credentials": credentials, "ca": str(credentials / "spark-llm-ca.crt"), "url": f"https://{head.mgmt_ip}:30000"}
 
 
 def test_the_key_is_generated_once_beside_the_inventory_0600_and_ignored_by_git(site):
     credentials = site["credentials"]
     assert oct(credentials.stat().st_mode & 0o777) == "0o700"
-    assert oct((credentials / "sglang_api_key").stat().st_mode & 0o777) == "0o600"
-    assert oct((credentials / "sglang-ca.key").stat().st_mode & 0o777) == "0o600"
-    assert oct((credentials / "sglang-ca.crt").stat().st_mode & 0o777) == "0o644"
+    assert oct((credentials / "spark_llm_api_key").stat().st_mode & 0o777) == "0o600"
+    assert oct((credentials / "spark-llm-ca.key").stat().st_mode & 0o777) == "0o600"
+    assert oct((credentials / "spark-llm-ca.crt").stat().st_mode & 0o777) == "0o644"
     assert (credentials / ".gitignore").read_text().splitlines()[-1] == "*"
     key = site["key"]
     assert len(key) == 48 and key.isalnum()
     # Stable: the second run reused it and changed nothing anywhere.
-    assert (credentials / "sglang_api_key").read_text().strip() == key
+    assert (credentials / "spark_llm_api_key").read_text().strip() == key
     assert [f"{d['host']}: {d['task']}" for d in site["second"].changed] == []
     said = site["second"].results("Say where the API key lives (never the key)")["spark-0"]["msg"]
-    assert said.startswith(f"API key: {credentials / 'sglang_api_key'} on this controller (0600, reused)"), said
+    assert said.startswith(f"API key: {credentials / 'spark_llm_api_key'} on this controller (0600, reused)"), said
     first = site["first"].results("Say where the API key lives (never the key)")["spark-0"]["msg"]
     assert "(0600, generated now)" in first
 
@@ -97,20 +98,20 @@ def test_the_key_is_in_no_output_command_line_or_readable_file(site):
     assert "<<< caused by >>>" not in site["first"].stdout
     # On the controller only the key file holds it, 0600 in a 0700 directory.
     holders = [p for p in site["cluster"].inventory.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
-    assert holders == [site["credentials"] / "sglang_api_key"]
+    assert holders == [site["credentials"] / "spark_llm_api_key"]
     for node in site["cluster"].nodes:
         # Only the env file holds it, 0600; no world-readable file under /etc, no Ansible async job file.
         holders = sh(node, "grep -rlF -f /dev/stdin /etc /root/.ansible_async /tmp /var/tmp 2>/dev/null || true",
                      stdin=key + "\n").split()
         # Besides the env file, only its copies the server role keeps for a rollback (pending, last-good).
-        kept = {"/etc/sglang/pending/sglang.env", "/etc/sglang/last-good/sglang.env"}
-        assert "/etc/sglang/sglang.env" in holders and set(holders) <= kept | {"/etc/sglang/sglang.env"}, (node.name,
+        kept = {"/etc/spark-llm/pending/spark-llm.env", "/etc/spark-llm/last-good/spark-llm.env"}
+        assert "/etc/spark-llm/spark-llm.env" in holders and set(holders) <= kept | {"/etc/spark-llm/spark-llm.env"}, (node.name,
                                                                                                           holders)
         dirs = sorted({h.rsplit("/", 1)[0] for h in holders})
         assert sh(node, f"stat -c %a {' '.join(holders)}").split() == ["600"] * len(holders), (node.name, holders)
         assert sh(node, f"stat -c %a {' '.join(dirs)}").split() == ["700"] * len(dirs), (node.name, dirs)
         # Not on any process's command line (the launcher reads it from the environment) nor in the arguments file.
-        argv = sh(node, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; cat /etc/sglang/server-args.json")
+        argv = sh(node, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; cat /etc/spark-llm/server-args.json")
         assert "--api-key" not in argv.split() and key not in argv, node.name
     assert "python3 -c" in sh(site["head"], f"systemctl cat {UNIT}")
 
@@ -132,7 +133,7 @@ def test_tls_with_the_generated_ca_and_the_key_only(site):
     assert sh(head, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30001/v1/models") == "401"
     assert sh(head, "systemctl is-enabled nginx; systemctl is-active nginx").split() == ["enabled", "active"]
     assert sh(head, "test -e /etc/nginx/sites-enabled/default && echo there || echo gone").strip() == "gone"
-    assert sh(head, "stat -c %a /etc/sglang/tls/server.key").strip() == "600"
+    assert sh(head, "stat -c %a /etc/spark-llm/tls/server.key").strip() == "600"
 
 
 def test_a_streamed_completion_arrives_token_by_token_through_the_proxy(site):

@@ -27,9 +27,9 @@ from tests.lib.supervised import api_key_header
 from tests.lib.unit_file import launch_args
 
 SERVER = "playbooks/server.yml"
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-ENV_PATH = "/etc/sglang/sglang.env"
+ENV_PATH = "/etc/spark-llm/spark-llm.env"
 MODEL_DIR = "/opt/models/glm53"
 STAMP = "/opt/models/glm53.verified"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
@@ -515,7 +515,7 @@ def validate_command(unit_file: str) -> str:
 
 @pytest.mark.parametrize("bad", [
     "Type=bogus",
-    "ExecStop=docker stop sglang\nFrobnicate=yes",
+    "ExecStop=docker stop spark-llm\nFrobnicate=yes",
 ], ids=["bad-value", "unknown-key"])
 def test_unit_validation_really_rejects_a_bad_unit(serving, bad):
     node = serving.nodes[0]

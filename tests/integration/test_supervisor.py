@@ -50,7 +50,7 @@ pytestmark = pytest.mark.slow
 SUPERVISOR = {**SUPERVISOR, "checkpoint_revision": REVISION, "supervisor_max_restarts": 3,
               "supervisor_interval": 1, "supervisor_stable_after": 2}
 MAX_RESTARTS = SUPERVISOR["supervisor_max_restarts"]
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 STATE = STATE_DIR
 # The spaced incidents healed so far, in order (each one group restart, then stable service).
 HEALED: list[str] = []
@@ -105,9 +105,9 @@ def test_a_supervised_rank_neither_restarts_alone_nor_starts_at_boot_by_itself(s
     for n in site.nodes:
         unit = sh(n, f"systemctl show {UNIT} -p Restart,UnitFileState")
         assert "Restart=no" in unit and "UnitFileState=disabled" in unit, unit
-    supervisor = sh(site.nodes[0], "systemctl show sglang-supervisor.service -p ActiveState,UnitFileState")
+    supervisor = sh(site.nodes[0], "systemctl show spark-llm-supervisor.service -p ActiveState,UnitFileState")
     assert "ActiveState=active" in supervisor and "UnitFileState=enabled" in supervisor
-    assert sh(site.nodes[0], "stat -c %a /etc/sglang/supervisor.json").strip() == "600"
+    assert sh(site.nodes[0], "stat -c %a /etc/spark-llm/supervisor.json").strip() == "600"
 
 
 def test_status_shows_the_supervisor(site):
@@ -172,8 +172,8 @@ def test_the_supervisor_state_is_on_disk(site):
     """What makes the streak survive a reboot of the head: state_dir is not on a filesystem a boot empties."""
     kind = sh(site.nodes[0], f"findmnt -n -o FSTYPE --target {STATE}").strip()
     assert kind and kind not in ("tmpfs", "ramfs"), kind
-    assert "sglang-supervisor: warning: state_dir" not in sh(
-        site.nodes[0], "journalctl -u sglang-supervisor.service --no-pager -n 400")
+    assert "spark-llm-supervisor: warning: state_dir" not in sh(
+        site.nodes[0], "journalctl -u spark-llm-supervisor.service --no-pager -n 400")
 
 
 def test_spaced_incidents_beyond_max_restarts_all_healed(site):
@@ -226,8 +226,8 @@ def test_a_crash_loop_gives_up_after_the_streak_loudly(site):
     assert all(s != "active" for s in ranks_active(site)), "a given-up group holds no GPU"
     alert = wait_for(lambda: written_json(read_node_file(site.nodes[0], ALERT)), "the alert", every=POLL)
     assert alert["reason"] and alert["streak"] == MAX_RESTARTS and set(alert["journal"]) == {"spark-0", "spark-1"}
-    journal = sh(site.nodes[0], "journalctl -u sglang-supervisor.service --no-pager -n 400")
-    assert journal.count("sglang-supervisor: GAVE UP") == 1
+    journal = sh(site.nodes[0], "journalctl -u spark-llm-supervisor.service --no-pager -n 400")
+    assert journal.count("spark-llm-supervisor: GAVE UP") == 1
     # Given up means given up: nothing starts by itself.
     assert wait_checks(site, 3)["state"] == "gave-up"
     assert all(s != "active" for s in ranks_active(site))

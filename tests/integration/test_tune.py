@@ -31,8 +31,8 @@ BUDGET = 2 * 65536
 # restart more) is the unit test's (test_a_cap_above_the_running_point_tries_the_failure_above_it_first).
 CAP = 2
 TUNE = {"tune_contexts": CONTEXTS, "tune_max_requests": CAP}
-ARGS = "/etc/sglang/server-args.json"
-UNIT = "sglang.service"
+ARGS = "/etc/spark-llm/server-args.json"
+UNIT = "spark-llm.service"
 PINNED = {"checkpoint_revision": REVISION}
 
 

@@ -208,7 +208,7 @@ def test_api_key_is_honoured_and_never_shown(serve, local_inventory, tmp_path):
     assert result.rc != 0
     assert not checks(report)["models"]["ok"]
     assert "server_api_key" in checks(report)["models"]["remedy"]
-    key_file = tmp_path / ".credentials" / "sglang_api_key"
+    key_file = tmp_path / ".credentials" / "spark_llm_api_key"
     assert f"{key_file} does not exist" in checks(report)["auth"]["detail"]
 
     # The key the server role generated beside the inventory is the one sent.

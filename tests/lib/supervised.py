@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tests.harness import cluster as sim
 
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 MODEL_DIR = "/opt/models/glm53"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-STATE_DIR = "/var/lib/sglang-supervisor"
+STATE_DIR = "/var/lib/spark-llm-supervisor"
 ALERT = f"{STATE_DIR}/alert.json"
 # A fast watch for the stand-in's one-second loads; the alert command keeps what it is given. A
 # restart is a recovery after two healthy checks (stable_after), and a failing streak backs off
@@ -82,7 +82,7 @@ def state(cluster) -> dict:
 
 def api_key_header(cluster) -> dict:
     """What a client sends: the API key the server role generated beside the inventory (secure by default)."""
-    key_file = cluster.inventory / ".credentials" / "sglang_api_key"
+    key_file = cluster.inventory / ".credentials" / "spark_llm_api_key"
     return {"Authorization": f"Bearer {key_file.read_text().strip()}"} if key_file.exists() else {}
 
 

@@ -113,15 +113,19 @@ def test_bad_concurrency_is_refused_with_the_fix(value, why):
 
 def test_a_compare_file_must_be_a_benchmark_report(tmp_path):
     verify = tmp_path / "verify.json"
-    verify.write_text(json.dumps({"kind": "sglang-verify", "ok": True}))
+    verify.write_text(json.dumps({"kind": "spark-llm-verify", "ok": True}))
     good = tmp_path / "benchmark.json"
-    good.write_text(json.dumps({"kind": "sglang-benchmark", "levels": [{"prompt": "short", "concurrency": 1}]}))
+    good.write_text(json.dumps({"kind": "spark-llm-benchmark", "levels": [{"prompt": "short", "concurrency": 1}]}))
     (tmp_path / "text.json").write_text("not json")
-    for path, why in ((verify, "is not a benchmark report (kind 'sglang-verify'"), (tmp_path / "text.json", "is not JSON"),
+    for path, why in ((verify, "is not a benchmark report (kind 'spark-llm-verify'"), (tmp_path / "text.json", "is not JSON"),
                       (tmp_path / "missing.json", "cannot be read")):
         problems = BENCH.benchmark_problems({**SETTINGS, "compare": str(path)})
         assert len(problems) == 1 and why in problems[0] and "benchmark_compare" in problems[0], problems
     assert BENCH.benchmark_problems({**SETTINGS, "compare": str(good)}) == []
+    # A report written before 1.3.0, under the kind that named the engine, is still one.
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({"kind": "sglang-benchmark", "levels": [{"prompt": "short", "concurrency": 1}]}))
+    assert BENCH.benchmark_problems({**SETTINGS, "compare": str(older)}) == []
 
 
 def test_every_problem_is_reported_at_once():
@@ -140,7 +144,7 @@ def test_auto_levels_go_one_step_beyond_max_running_requests(limit, levels):
 def slurped(args):
     import base64  # noqa: PLC0415
 
-    return {"content": base64.b64encode(json.dumps(args).encode()).decode(), "source": "/etc/sglang/server-args.json"}
+    return {"content": base64.b64encode(json.dumps(args).encode()).decode(), "source": "/etc/spark-llm/server-args.json"}
 
 
 def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
@@ -155,7 +159,7 @@ def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
 
 
 def test_an_unknown_server_or_a_prompt_that_does_not_fit_is_refused():
-    plan = BENCH.benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/sglang/x"})
+    plan = BENCH.benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/spark-llm/x"})
     assert "could not be read (file not found)" in plan["problems"][0]
     plan = BENCH.benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None)
     assert any("benchmark_medium_tokens" in p for p in plan["problems"]), plan["problems"]

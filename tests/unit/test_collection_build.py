@@ -22,7 +22,7 @@ GALAXY = Path(sys.executable).with_name("ansible-galaxy")
 PLANTED = {
     "inventory/spark/.credentials/api-key": "sk-planted",
     "inventory/mysite/.credentials/tls/ca.key": "planted",
-    "rendered/spark-0/sglang.env": "SGLANG_API_KEY=planted",
+    "rendered/spark-0/spark-llm.env": "SGLANG_API_KEY=planted",
     "reports/verify-20261201T000000Z.json": "{}",
     "roles/spark/__pycache__/x.cpython-313.pyc": "",
     "benchmarks/results/latest.json": "{}",

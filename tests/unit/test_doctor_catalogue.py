@@ -98,10 +98,10 @@ CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__doctor_f
 FLAG_MODEL = flag_model()
 
 NOW = 1_800_000_000.0
-UNIT = "sglang.service"
-EXEC = ("{{ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --rm --name sglang --gpus all --network host "
+UNIT = "spark-llm.service"
+EXEC = ("{{ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --rm --name spark-llm --gpus all --network host "
         "--memory {memory} --memory-swap {memory} --volume /opt/models/glm53:/models/glm53:ro "
-        "--env-file /etc/sglang/sglang.env lmsysorg/sglang:glm-5.3-flash-arm64 python3 -m sglang.launch_server "
+        "--env-file /etc/spark-llm/spark-llm.env lmsysorg/sglang:glm-5.3-flash-arm64 python3 -m sglang.launch_server "
         "--model-path /models/glm53 --trust-remote-code --tp-size 2 --attention-backend dsa "
         "--dsa-prefill-backend tilelang --dsa-decode-backend tilelang --moe-runner-backend flashinfer_cutlass "
         "--kv-cache-dtype bfloat16 --disable-shared-experts-fusion --reasoning-parser glm45 --tool-call-parser glm47 "

@@ -15,9 +15,9 @@ from tests.lib.role_module import run_module
 from tests.lib.roles import REPO, filter_plugin
 
 doctor = filter_plugin("doctor")
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 INV = "c" * 32
-EXEC_START = ("{ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --rm --name sglang --memory 96g img "
+EXEC_START = ("{ path=/usr/bin/docker ; argv[]=/usr/bin/docker run --rm --name spark-llm --memory 96g img "
               "python3 -m sglang.launch_server --max-running-requests 2 ; ignore_errors=no ; start_time=[n/a] ; "
               "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }")
 JOURNAL = [{"__REALTIME_TIMESTAMP": "1800000000000000", "MESSAGE": f"Started {UNIT}.", "INVOCATION_ID": INV},
@@ -64,7 +64,7 @@ def node(tmp_path, monkeypatch):
         tool.write_text(f"#!/bin/sh\n{body}\n")
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    (tmp_path / "sglang.env").write_text("SGLANG_API_KEY=sk-PlantedProbeKey0123456789\nHF_HUB_OFFLINE=1\n")
+    (tmp_path / "spark-llm.env").write_text("SGLANG_API_KEY=sk-PlantedProbeKey0123456789\nHF_HUB_OFFLINE=1\n")
     (tmp_path / "server-args.json").write_text('["--max-running-requests", "2"]')
     (tmp_path / "glm53").mkdir()
     (tmp_path / "glm53" / "config.json").write_text("{}")
@@ -75,7 +75,7 @@ def node(tmp_path, monkeypatch):
 
 
 def probe(tmp, check=False, **extra):
-    args = {"unit": UNIT, "journal_lines": 2000, "container": "sglang", "env_file": str(tmp / "sglang.env"),
+    args = {"unit": UNIT, "journal_lines": 2000, "container": "spark-llm", "env_file": str(tmp / "spark-llm.env"),
             "args_file": str(tmp / "server-args.json"), "model_dir": str(tmp / "glm53"),
             "fabric_interface": "enp1s0f1np1", "peers": ["192.168.100.11"], **extra}
     return run_module("doctor_probe", args, tmp, check=check)
@@ -107,7 +107,7 @@ def test_one_probe_reads_what_the_analysis_needs_in_the_shape_it_reads(node):
 
 
 def test_check_mode_reads_the_same_and_a_missing_file_or_tool_is_evidence(node, monkeypatch):
-    (node / "sglang.env").unlink()
+    (node / "spark-llm.env").unlink()
     (node / "bin" / "nvidia-smi").unlink()
     res = probe(node, check=True)
     assert not res.get("failed") and res["changed"] is False, res

@@ -212,7 +212,7 @@ def test_the_rules_text_is_printed_from_the_rules_checked():
         "jump rank_ports",
     ]
     assert p["rules"]["http_port"] == ["ip saddr @http_clients_ip accept", "ip6 saddr @http_clients_ip6 accept",
-                                       'counter drop comment "sglang http: not an allowed client"']
+                                       'counter drop comment "server http: not an allowed client"']
     assert p["rules"]["rank_ports"] == [
         'tcp dport { 20000 } counter drop comment "dist-init (TCPStore): fabric peers only"',
         'tcp dport 32768-60999 ct state new counter drop comment "rank 0 listeners on random ports: fabric peers only"',
@@ -247,7 +247,7 @@ PROBE = REPO / "plugins" / "modules" / "firewall_probe.py"
 
 def run_probe(tmp_path, shell_env: dict, module_env: dict) -> dict:
     args = tmp_path / "args.json"
-    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"table": "inet sglang_guard_unit_test"}}))
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"table": "inet spark_llm_guard_unit_test"}}))
     # The module's parent (sh) has shell_env; the module itself module_env, as after sudo's reset.
     unset = " ".join(f"-u {k}" for k in shell_env if k not in module_env)
     set_ = " ".join(f"{k}={v!r}" for k, v in module_env.items())
@@ -271,11 +271,11 @@ def test_the_probe_reads_the_ssh_session_from_its_environment_or_an_ancestors(tm
 
 # --- the node against what the role would install (one probe, no task per file) ----------------------------
 
-RULES_PATH = "/etc/nftables.d/sglang_guard.nft"
-UNIT_PATH = "/etc/systemd/system/sglang-firewall.service"
+RULES_PATH = "/etc/nftables.d/spark_llm_guard.nft"
+UNIT_PATH = "/etc/systemd/system/spark-llm-firewall.service"
 WANT = {"paths": [{"path": RULES_PATH, "owner": "root", "group": "root", "mode": "0644", "checksum": "aa"},
                   {"path": UNIT_PATH, "owner": "root", "group": "root", "mode": "0644", "checksum": "bb"}],
-        "units": ["sglang-firewall.service"], "table": True}
+        "units": ["spark-llm-firewall.service"], "table": True}
 
 
 def node(**changes):
@@ -283,7 +283,7 @@ def node(**changes):
     answer = {"nft": "/usr/sbin/nft", "table_loaded": True,
               "paths": {RULES_PATH: {"type": "file", "owner": "root", "group": "root", "mode": "0644", "checksum": "aa"},
                         UNIT_PATH: {"type": "file", "owner": "root", "group": "root", "mode": "0644", "checksum": "bb"}},
-              "units": {"sglang-firewall.service": {"active": "active", "enabled": "enabled"}}}
+              "units": {"spark-llm-firewall.service": {"active": "active", "enabled": "enabled"}}}
     answer.update(changes)
     return answer
 
@@ -300,11 +300,11 @@ def test_a_node_that_holds_and_runs_the_rules_has_nothing_to_install():
      f"{RULES_PATH}: checksum differs"),
     ({"paths": {**node()["paths"], UNIT_PATH: {**node()["paths"][UNIT_PATH], "mode": "0600"}}},
      f"{UNIT_PATH}: mode 0600, not 0644"),
-    ({"units": {"sglang-firewall.service": {"active": "inactive", "enabled": "enabled"}}},
-     "sglang-firewall.service not active (inactive)"),
-    ({"units": {"sglang-firewall.service": {"active": "active", "enabled": "disabled"}}},
-     "sglang-firewall.service not enabled (disabled)"),
-    ({"units": {}}, "sglang-firewall.service not active (unknown)"),
+    ({"units": {"spark-llm-firewall.service": {"active": "inactive", "enabled": "enabled"}}},
+     "spark-llm-firewall.service not active (inactive)"),
+    ({"units": {"spark-llm-firewall.service": {"active": "active", "enabled": "disabled"}}},
+     "spark-llm-firewall.service not enabled (disabled)"),
+    ({"units": {}}, "spark-llm-firewall.service not active (unknown)"),
 ])
 def test_any_difference_on_the_node_runs_the_installation(changes, found):
     assert found in fw.firewall_drift(node(**changes), WANT)

@@ -24,10 +24,10 @@ def line(t, message, inv, pid1=False):
 def probe_output(boots):
     journal = [
         # Yesterday's boot: a start that the power cut ended.
-        line(1000.0, "Started sglang.service - SGLang rank 0 of 2", "a" * 32, pid1=True),
+        line(1000.0, "Started spark-llm.service - SGLang rank 0 of 2", "a" * 32, pid1=True),
         line(1001.0, "The server is fired up and ready to roll!", "a" * 32),
         # This boot.
-        line(5000.0, "Started sglang.service - SGLang rank 0 of 2", "b" * 32, pid1=True),
+        line(5000.0, "Started spark-llm.service - SGLang rank 0 of 2", "b" * 32, pid1=True),
         line(5001.0, "Init torch distributed begin.", "b" * 32),
     ]
     return "\n".join(["--- journal", *journal, "--- kernel", "--- events", "--- container", "--- boots", *boots,

@@ -33,7 +33,7 @@ from tests.lib.seed import DEFAULT_FLAGS, flatten
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
 NVIDIA_SMI = REPO / "tests" / "standins" / "bin" / "nvidia-smi"
 COLLECTOR = REPO / "roles" / "monitoring" / "files" / "spark_node_collector.py"
-DASHBOARD = REPO / "roles" / "monitoring" / "files" / "sglang-dashboard.json"
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"
 LOOPBACK = "127.0.0.1"
 KEY = "sk-monitoring-test-key-0123456789abcdef"
 MODEL_LABEL = {"model_name": "/models/glm53"}
@@ -374,6 +374,6 @@ def test_every_metric_a_dashboard_panel_uses_exists(tmp_path, standin):
 
 
 def test_the_promql_reader_finds_names_and_nothing_else():
-    expr = ('histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="sglang",'
-            'le!="x"}[5m]))) > 10 and on() max(up{job="sglang"}) == 1 or ALERTS{alertstate="firing"} offset 5m')
+    expr = ('histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="server",'
+            'le!="x"}[5m]))) > 10 and on() max(up{job="server"}) == 1 or ALERTS{alertstate="firing"} offset 5m')
     assert promql_metrics(expr) == {"sglang:time_to_first_token_seconds_bucket", "up", "ALERTS"}

@@ -19,8 +19,8 @@ from tests.lib.role_module import REPO, run_module
 from tests.lib.roles import filter_plugin
 
 FILTER = filter_plugin("monitoring")
-DROPIN = "/etc/systemd/system/prometheus-node-exporter.service.d/sglang-monitoring.conf"
-KEY = "/etc/prometheus/spark/sglang_api_key"
+DROPIN = "/etc/systemd/system/prometheus-node-exporter.service.d/spark-llm-monitoring.conf"
+KEY = "/etc/prometheus/spark/spark_llm_api_key"
 WANT = {"packages": ["prometheus-node-exporter"],
         "paths": [{"path": "/var/lib/prometheus/node-exporter", "type": "directory", "owner": "root", "group": "root",
                    "mode": "0755"},

@@ -24,7 +24,7 @@ REPORTS = action_plugin("monitoring_reports")
 NODES = ["spark-0", "spark-1"]
 HOSTVARS = {"spark-0": {"ansible_host": "10.0.0.10"}, "spark-1": {"ansible_host": "10.0.0.11"},
             "mon-0": {"ansible_host": "10.0.0.20"}}
-SEVERITY = {"service": "sglang"}
+SEVERITY = {"service": "server"}
 
 
 def ctx(tmp_path: Path, **changes) -> dict:
@@ -34,10 +34,10 @@ def ctx(tmp_path: Path, **changes) -> dict:
     out.update(
         host="spark-0", monitoring=True, monitor="spark-0", monitor_host_setting="", monitor_group="spark_monitor",
         monitor_candidates=[], inventory_hosts=[*NODES, "mon-0"], head="spark-0", nodes=NODES,
-        unit="sglang.service", model_dir="/opt/models/glm53", fabric_interface="enp1s0f1np1", ssh_port=22,
+        unit="spark-llm.service", model_dir="/opt/models/glm53", fabric_interface="enp1s0f1np1", ssh_port=22,
         api_key_set=True, grafana_token_file=str(tmp_path / "grafana_token"),
         paths={"config": str(tmp_path / "prometheus.yml"), "rules": str(tmp_path / "alerts.yml"),
-               "key": str(tmp_path / "sglang_api_key"), "ca": str(tmp_path / "sglang-ca.crt")},
+               "key": str(tmp_path / "spark_llm_api_key"), "ca": str(tmp_path / "spark-llm-ca.crt")},
     )
     out.update(changes)
     return out
@@ -55,7 +55,7 @@ RULES_CTX = {
     "stall_window": "5m", "collector_interval": 15,
     "alert_for": dict.fromkeys(FILTER.ALERT_FOR_KEYS, "2m"),
 }
-HEAD_SGLANG = {"job": "sglang", "instance": "10.0.0.10:30000", "node": "spark-0", "rank": "0", "role": "head"}
+HEAD_SGLANG = {"job": "server", "instance": "10.0.0.10:30000", "node": "spark-0", "rank": "0", "role": "head"}
 WORKER_NODE = {"job": "node", "instance": "10.0.0.11:9100", "node": "spark-1", "rank": "1", "role": "worker"}
 HEAD_NODE = {"job": "node", "instance": "10.0.0.10:9100", "node": "spark-0", "rank": "0", "role": "head"}
 MODEL = "/opt/models/glm53"
@@ -87,8 +87,8 @@ def case(rules, alert, inputs, eval_time, *, fired=(), quiet_at=None):
 
 
 def rule_cases(rules):
-    unit_state = {**WORKER_NODE, "name": "sglang.service", "state": "active", "type": "simple"}
-    sglang = {"job": "sglang", "instance": HEAD_SGLANG["instance"], "model_name": "/models/glm53"}
+    unit_state = {**WORKER_NODE, "name": "spark-llm.service", "state": "active", "type": "simple"}
+    sglang = {"job": "server", "instance": HEAD_SGLANG["instance"], "model_name": "/models/glm53"}
     bucket = "sglang:time_to_first_token_seconds_bucket"
     return [
         # The endpoint stops answering: fires once it has been down for the window, not before.
@@ -219,8 +219,8 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
         "no-key": {"api_key_set": False},
     }[variant]
     c = ctx(tmp_path, **changes)
-    (tmp_path / "sglang_api_key").write_text("k" * 48)
-    (tmp_path / "sglang-ca.crt").write_text("")
+    (tmp_path / "spark_llm_api_key").write_text("k" * 48)
+    (tmp_path / "spark-llm-ca.crt").write_text("")
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.monitoring_rules(c), sort_keys=False, width=200))
     config = FILTER.monitoring_prometheus_config(c, HOSTVARS)
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -232,15 +232,15 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     # Every node's exporter and the head's SGLang over the management network, from the inventory.
     assert targets["10.0.0.10:9100"] == {"node": "spark-0", "rank": "0", "role": "head"}
     assert targets["10.0.0.11:9100"] == {"node": "spark-1", "rank": "1", "role": "worker"}
-    assert "10.0.0.10:30000" in jobs["sglang"]["static_configs"][0]["targets"]
-    sglang = jobs["sglang"]
+    assert "10.0.0.10:30000" in jobs["server"]["static_configs"][0]["targets"]
+    sglang = jobs["server"]
     if variant == "no-key":
         assert "authorization" not in sglang
     else:
         # The key is read from its file at each scrape: the configuration holds only the file's name.
-        assert sglang["authorization"] == {"type": "Bearer", "credentials_file": str(tmp_path / "sglang_api_key")}
+        assert sglang["authorization"] == {"type": "Bearer", "credentials_file": str(tmp_path / "spark_llm_api_key")}
     if variant == "tls-and-key":
-        assert sglang["scheme"] == "https" and sglang["tls_config"]["ca_file"] == str(tmp_path / "sglang-ca.crt")
+        assert sglang["scheme"] == "https" and sglang["tls_config"]["ca_file"] == str(tmp_path / "spark-llm-ca.crt")
         assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["10.0.0.5:9093"]
     if variant == "monitor-outside-the-group":
         assert targets["127.0.0.1:9100"] == {"node": "mon-0", "role": "monitor"}
@@ -321,3 +321,12 @@ def test_reports_keep_the_last_runs_of_each_kind_and_nothing_else():
         # A run is all its files.
         "/r/benchmark-20260101T000000Z.json", "/r/benchmark-20260101T000000Z.md", "/r/benchmark-20260101T000000Z.png",
     ])
+
+
+def test_uninstall_stops_again_only_what_was_there_and_stopped_before_the_role():
+    record = ["prometheus-node-exporter.service disabled inactive", "prometheus.service enabled active",
+              "grafana.service absent inactive", "prometheus-pushgateway.service enabled failed", "garbled"]
+    assert FILTER.monitoring_stopped_before(record) == [
+        {"unit": "prometheus-node-exporter.service", "enabled": False},
+        {"unit": "prometheus-pushgateway.service", "enabled": True}]
+    assert FILTER.monitoring_stopped_before([]) == []

@@ -31,7 +31,7 @@ _Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(
 preflight = filter_plugin("preflight")
 CHECKS = yaml.load((ROLE / "vars" / "main.yml").read_text(), Loader=_Loader)["__preflight_checks"]  # noqa: S506 - SafeLoader
 
-UNIT = "sglang.service"
+UNIT = "spark-llm.service"
 CONTAINER_ID = "5bd1e0c2" * 8
 MIB = 1024 * 1024
 SETTINGS = {
@@ -116,7 +116,7 @@ def probes(**changes):
     result = {
         "facts": {"architecture": "aarch64", "distribution": "Ubuntu", "distribution_version": "24.04"},
         "unit": unit_probe(),
-        "container": {"name": "sglang", "id": ""},
+        "container": {"name": "spark-llm", "id": ""},
         "gpu": gpu_probe(),
         "docker": docker_probe(),
         "meminfo": meminfo_probe(),
@@ -138,7 +138,7 @@ def rows(node=None, **settings):
 
 # Serving node: the unit is active, its rank's processes are in its cgroup or its container's scope.
 SERVING = {"unit": unit_probe(active=True, cgroup=f"/system.slice/{UNIT}"),
-           "container": {"name": "sglang", "id": CONTAINER_ID}}
+           "container": {"name": "spark-llm", "id": CONTAINER_ID}}
 
 FIX = {
     "arch": ("Point the inventory at the DGX Spark nodes (the SGLang image is arm64 only); a site with other "
@@ -157,7 +157,7 @@ FIX = {
     "gpu-busy": ("Stop those processes (GB10 memory is shared: they shrink what the model can use; the cgroup names "
                  "the unit or container that runs each: systemctl stop UNIT, docker stop CONTAINER), or list their "
                  "names in preflight_gpu_allowed_processes."),
-    "gpu-busy-note": ("nothing to do: sglang.service is active and these processes are its own; any other process on "
+    "gpu-busy-note": ("nothing to do: spark-llm.service is active and these processes are its own; any other process on "
                       "the GPU is still fatal."),
     "docker-missing": "Install Docker Engine and the NVIDIA Container Toolkit (both ship with DGX OS).",
     "docker-unreachable": ("Start the daemon (systemctl enable --now docker) and check that this user may use "
@@ -168,7 +168,7 @@ FIX = {
     "memory": ("Stop what uses the memory (GB10 memory is unified: the GPU's share comes out of it; check free -m and "
                "the page cache), or lower preflight_memory_available_min_mib together with the server's memory "
                "settings."),
-    "memory-note": "nothing to do on a serving node; the floor applies again when sglang.service is stopped.",
+    "memory-note": "nothing to do on a serving node; the floor applies again when spark-llm.service is stopped.",
     "swap": ("Turn it off (swapoff -a and remove it from /etc/fstab), or accept it (preflight_swap_fatal false only "
              "warns)."),
     "disk": "Free space on /opt/models, or set spark_model_dir to a directory on a larger filesystem.",
@@ -215,15 +215,15 @@ CASES = {
         probes(gpu=gpu_probe(apps=[(4242, "ollama"), (77, "python3")],
                              cgroups={4242: None, 77: ["0::/user.slice/user-0.slice/session-1.scope"]})), {},
         [("fatal", "gpu-busy", "the GPU is held by pid 4242 (ollama), pid 77 (python3) in "
-          "/user.slice/user-0.slice/session-1.scope (sglang.service is not active)", FIX["gpu-busy"])]),
+          "/user.slice/user-0.slice/session-1.scope (spark-llm.service is not active)", FIX["gpu-busy"])]),
     "gpu-busy-beside-the-rank": (
         probes(**SERVING, gpu=gpu_probe(apps=[(100, "sglang::scheduler"), (300, "python3")],
                                         cgroups={100: [f"0::/system.slice/{UNIT}"], 300: ["0::/system.slice/stray.service"]})),
         {},
         [("fatal", "gpu-busy", "the GPU is held by pid 300 (python3) in /system.slice/stray.service "
-          "(outside sglang.service and its container sglang)", FIX["gpu-busy"]),
+          "(outside spark-llm.service and its container spark-llm)", FIX["gpu-busy"]),
          ("info", "gpu-busy", "the GPU is held by the running SGLang rank (expected on a re-run): pid 100 "
-          "(sglang::scheduler) in the cgroup of sglang.service", FIX["gpu-busy-note"])]),
+          "(sglang::scheduler) in the cgroup of spark-llm.service", FIX["gpu-busy-note"])]),
     "gpu-busy-allowed": (probes(gpu=gpu_probe(apps=[(4242, "ollama")], cgroups={4242: ["0::/system.slice/ollama.service"]})),
                          {"preflight_gpu_allowed_processes": ["ollama"]}, []),
     "gpu-rank": (
@@ -232,7 +232,7 @@ CASES = {
                                                  200: [f"0::/system.slice/docker-{CONTAINER_ID}.scope"]})),
         {},
         [("info", "gpu-busy", "the GPU is held by the running SGLang rank (expected on a re-run): pid 100 "
-          "(sglang::scheduler) in the cgroup of sglang.service, pid 200 (python3) in container sglang",
+          "(sglang::scheduler) in the cgroup of spark-llm.service, pid 200 (python3) in container spark-llm",
           FIX["gpu-busy-note"])]),
     "docker-missing": (probes(docker=docker_probe(rc=127, stderr="/bin/sh: 1: docker: not found")), {},
                        [("fatal", "docker", "docker is not installed", FIX["docker-missing"])]),
@@ -249,7 +249,7 @@ CASES = {
                [("fatal", "memory", "51200 MiB available, needs 102400 MiB", FIX["memory"])]),
     "memory-serving": (probes(**SERVING, meminfo=meminfo_probe(available_mib=51200)), {},
                        [("info", "memory", "51200 MiB available, below the 102400 MiB floor, which is not applied "
-                         "while sglang.service is active (its rank holds most of the unified memory)",
+                         "while spark-llm.service is active (its rank holds most of the unified memory)",
                          FIX["memory-note"])]),
     "swap": (probes(meminfo=meminfo_probe(swap_mib=8192)), {},
              [("warn", "swap", "swap is on (8192 MiB): a load that overflows memory pages out instead of failing fast",
@@ -360,7 +360,7 @@ def test_no_gpu_check_reads_rows_of_a_failed_nvidia_smi():
 )
 def test_a_gpu_process_belongs_to_the_rank_by_its_cgroup(active, lines, owner, shown):
     node = probes(unit=unit_probe(active=active, cgroup=f"/system.slice/{UNIT}"),
-                  container={"name": "sglang", "id": CONTAINER_ID},
+                  container={"name": "spark-llm", "id": CONTAINER_ID},
                   gpu=gpu_probe(apps=[(500, "python3")], cgroups={500: lines}))
     gpu = preflight.preflight_facts(node)["gpu"]
     assert gpu["owners"] == {"500": ["500", owner, shown]}

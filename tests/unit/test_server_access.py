@@ -11,7 +11,10 @@ import pytest
 import yaml
 
 from tests.lib.playbook import REPO
+from tests.lib.roles import filter_plugin
 from tests.lib.server_plan import DEFAULTS, FILTER, MODEL, VARS, ctx
+
+SPARK_FILTERS = filter_plugin("spark")
 
 KEY = "k" * 32  # the shortest key accepted
 PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
@@ -130,10 +133,14 @@ def test_subject_alt_names_are_dns_or_ip_entries():
 def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credentials_dir, tls_cert):
     """group_vars/all wires verify (and through it doctor and the benchmark) to the server role's files."""
     wiring = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
+    names = yaml.safe_load((REPO / "roles" / "spark" / "vars" / "main.yml").read_text())
     values = {"inventory_dir": "/sites/mine", "server_credentials_dir": credentials_dir,
+              "spark_api_key_name": names["spark_api_key_name"], "spark_tls_name": names["spark_tls_name"],
+              "spark_legacy_names": names["spark_legacy_names"],
               "server_tls": True, "server_tls_cert": tls_cert, "server_tls_ca": "/etc/pki/ca.crt"}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)  # noqa: S701 - Ansible values, not HTML
     env.filters["bool"] = bool
+    env.filters["dgx_spark.llm_serving.spark_credential_file"] = SPARK_FILTERS.spark_credential_file
 
     def render(text, **extra):
         return env.from_string(text).render(**values, **extra).strip()
@@ -145,8 +152,8 @@ def test_clients_look_for_the_key_and_ca_where_the_server_role_puts_them(credent
                        __server_tls_generated=generated)
     assert render(wiring["verify_api_key_file"]) == server_key_file
     assert render(wiring["verify_tls_ca"]) == server_ca
-    assert server_key_file == f"{credentials_dir or '/sites/mine/.credentials'}/sglang_api_key"
-    assert server_ca == ("/etc/pki/ca.crt" if tls_cert else f"{credentials_dir or '/sites/mine/.credentials'}/sglang-ca.crt")
+    assert server_key_file == f"{credentials_dir or '/sites/mine/.credentials'}/spark_llm_api_key"
+    assert server_ca == ("/etc/pki/ca.crt" if tls_cert else f"{credentials_dir or '/sites/mine/.credentials'}/spark-llm-ca.crt")
 
 
 @pytest.mark.parametrize(("tls", "host", "expected"), [

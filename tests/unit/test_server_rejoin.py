@@ -17,7 +17,7 @@ from tests.lib.role_module import module_utils
 from tests.lib.seed import DEFAULT_FLAGS
 from tests.lib.server_plan import FILTER, MODEL, ctx
 
-ARGS_FILE = "/etc/sglang/server-args.json"
+ARGS_FILE = "/etc/spark-llm/server-args.json"
 IMAGE_ID = "sha256:" + "ab" * 32
 REVISION = "7ce4007804ddbb1b33185febc1669f76f90fb53e"
 MODEL_DIR = "/opt/models/glm53"

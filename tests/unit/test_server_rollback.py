@@ -46,16 +46,16 @@ class Rank:
 
     def __init__(self, root: Path, tmp: Path):
         self.root, self.tmp = root, tmp
-        self.store = root / "etc" / "sglang"
-        self.paths = {"unit": root / "etc" / "systemd" / "system" / "sglang.service",
-                      "env": self.store / "sglang.env", "args": self.store / "server-args.json"}
+        self.store = root / "etc" / "spark-llm"
+        self.paths = {"unit": root / "etc" / "systemd" / "system" / "spark-llm.service",
+                      "env": self.store / "spark-llm.env", "args": self.store / "server-args.json"}
         for path in self.paths.values():
             path.parent.mkdir(parents=True, exist_ok=True)
         self.store.chmod(0o700)
         self.container = None
 
     def install(self, image, context=65536):
-        self.paths["unit"].write_text(f"[Service]\nExecStart=/usr/bin/docker run --name sglang {image} "
+        self.paths["unit"].write_text(f"[Service]\nExecStart=/usr/bin/docker run --name spark-llm {image} "
                                       f"--context-length {context}\n")
         self.paths["env"].write_text(f"NCCL_SOCKET_IFNAME=enp1s0f1np1\nSGLANG_API_KEY={KEY}\n")
         self.paths["env"].chmod(0o600)
@@ -66,14 +66,14 @@ class Rank:
         return {kind: path.read_bytes() for kind, path in self.paths.items()}
 
     def run(self, image):
-        """A container named sglang running `image`, as the rank's unit keeps one."""
+        """A container named spark-llm running `image`, as the rank's unit keeps one."""
         self.stop()
         self.container = subprocess.Popen(  # noqa: S603 - the docker stand-in, a script of this repository
-            [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", image, "sleep", "120"],
+            [sys.executable, str(DOCKER), "run", "--rm", "--name", "spark-llm", image, "sleep", "120"],
             env={**os.environ, "SPARK_SIM_ROOT": str(self.root)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if docker(self.root, "inspect", "--type", "container", "--format", "{{.State.Running}}", "sglang",
+            if docker(self.root, "inspect", "--type", "container", "--format", "{{.State.Running}}", "spark-llm",
                       check=False) == "true":
                 return
             time.sleep(0.1)
@@ -81,13 +81,13 @@ class Rank:
 
     def stop(self):
         if self.container is not None:
-            docker(self.root, "stop", "--time", "1", "sglang", check=False)
+            docker(self.root, "stop", "--time", "1", "spark-llm", check=False)
             self.container.wait(30)
             self.container = None
 
     def module(self, state, check=False, **extra):
         args = {"state": state, "files": {k: str(v) for k, v in self.paths.items()}, "store": str(self.store),
-                "container": "sglang", "docker": str(DOCKER), **extra}
+                "container": "spark-llm", "docker": str(DOCKER), **extra}
         return run_module("server_config", args, self.tmp, check=check)
 
 
@@ -124,7 +124,7 @@ def test_readiness_keeps_pending_verify_promotes_it_and_a_rerun_changes_nothing(
     files, manifest = kept(rank)
     assert files == rank.files() and manifest["image"]["image_id"] == image_id(rank.root, OLD)
     # Secrets: the env file is kept 0600 in a 0700 directory; no answer carries it.
-    assert stat.S_IMODE((rank.store / "last-good" / "sglang.env").stat().st_mode) == 0o600
+    assert stat.S_IMODE((rank.store / "last-good" / "spark-llm.env").stat().st_mode) == 0o600
     assert stat.S_IMODE((rank.store / "last-good").stat().st_mode) == 0o700
     assert KEY not in json.dumps([first, committed])
 
@@ -226,7 +226,7 @@ def test_the_cause_quotes_each_failed_ranks_error_lines_once():
         "spark-0": {"active": False, "ended": 2.0, "summary": "failed/failed (result exit-code, exit 1)", "journal": [
             "2026-09-01T00:00:01+0000 spark-0 docker[11]: Load weight begin.",
             "2026-09-01T00:00:02+0000 spark-0 docker[11]: RuntimeError: Hybrid state cache is too small.",
-            "2026-09-01T00:00:03+0000 spark-0 systemd[1]: sglang.service: Failed with result 'exit-code'."]},
+            "2026-09-01T00:00:03+0000 spark-0 systemd[1]: spark-llm.service: Failed with result 'exit-code'."]},
         "spark-1": {"active": False, "ended": 1.0, "summary": "failed/failed (result exit-code, exit 1)", "journal": [
             "2026-09-01T00:00:01+0000 spark-1 docker[12]: RuntimeError: Hybrid state cache is too small."]},
     }

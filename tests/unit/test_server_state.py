@@ -40,8 +40,8 @@ def node(tmp_path, monkeypatch):
     (root / "etc" / "spark-sim").mkdir(parents=True)
     (root / "etc" / "spark-sim" / "node.json").write_text("{}")
     monkeypatch.setenv("SPARK_SIM_ROOT", str(root))
-    store = root / "etc" / "sglang"
-    paths = {"unit": root / "etc" / "systemd" / "system" / "sglang.service", "env": store / "sglang.env",
+    store = root / "etc" / "spark-llm"
+    paths = {"unit": root / "etc" / "systemd" / "system" / "spark-llm.service", "env": store / "spark-llm.env",
              "args": store / "server-args.json"}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ def probe(node, check=False, **extra):
     args = {"image_ref": IMAGE, "model_config": str(node["model"] / "config.json"),
             "files": {k: str(v) for k, v in node["paths"].items()}, "config_dir": str(node["store"]),
             "unit": "sglang-test-absent.service", "nginx_conf": str(node["root"] / "nginx.conf"),
-            "store": str(node["store"]), "container": "sglang", "docker": str(DOCKER), **extra}
+            "store": str(node["store"]), "container": "spark-llm", "docker": str(DOCKER), **extra}
     return run_module("server_state", args, node["tmp"], check=check)
 
 
@@ -91,18 +91,18 @@ def test_reads_files_and_config_without_their_content(node):
 def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
     docker(node["root"], "pull", IMAGE)
     container = subprocess.Popen(  # noqa: S603 - the docker stand-in, a script of this repository
-        [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", IMAGE, "sleep", "120"],
+        [sys.executable, str(DOCKER), "run", "--rm", "--name", "spark-llm", IMAGE, "sleep", "120"],
         env={**os.environ, "SPARK_SIM_ROOT": str(node["root"])}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while docker(node["root"], "inspect", "--type", "container", "--format", "{{.State.Running}}", "sglang",
+        while docker(node["root"], "inspect", "--type", "container", "--format", "{{.State.Running}}", "spark-llm",
                      check=False) != "true":
             assert time.monotonic() < deadline, "the container did not start"
             time.sleep(0.1)
         first = probe(node, check=True)
         assert (first["recorded"], first["pending"]) == (False, False), "nothing kept yet"
         config = {"files": {k: str(v) for k, v in node["paths"].items()}, "store": str(node["store"]),
-                  "container": "sglang", "docker": str(DOCKER)}
+                  "container": "spark-llm", "docker": str(DOCKER)}
         run_module("server_config", {**config, "state": "pending"}, node["tmp"])
         pending = probe(node, check=True)
         assert (pending["recorded"], pending["pending"]) == (True, True), "pending"
@@ -113,7 +113,7 @@ def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
         node["paths"]["env"].write_text(f"SGLANG_API_KEY={KEY}\nEXTRA=1\n")
         assert probe(node, check=True)["recorded"] is False, "an edited env file is not what was kept"
     finally:
-        docker(node["root"], "stop", "--time", "1", "sglang", check=False)
+        docker(node["root"], "stop", "--time", "1", "spark-llm", check=False)
         container.wait(30)
     assert probe(node, check=True)["recorded"] is False, "no running container"
 

@@ -945,7 +945,7 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
     root = node_root(tmp_path, "n")
     (root / "dev/infiniband").mkdir()
     assert docker(root, "pull", IMAGE).returncode == 0
-    env_file = tmp_path / "sglang.env"
+    env_file = tmp_path / "spark-llm.env"
     env_file.write_text("# comment\nSGLANG_API_KEY=sk-env-only\nHF_HUB_OFFLINE=1\n")
     env_file.chmod(0o600)
     port = free_port()
@@ -1113,9 +1113,9 @@ def cmdline(pid) -> list[str]:
 def test_nvidia_smi_lists_the_rank_of_either_launcher_and_not_the_docker_client(tmp_path, model_dir, keyed):
     root = node_root(tmp_path, "n")
     assert docker(root, "pull", IMAGE).returncode == 0
-    env_file = tmp_path / "sglang.env"
+    env_file = tmp_path / "spark-llm.env"
     env_file.write_text("SGLANG_API_KEY=sk-smi-test\n")
-    # What the unit runs (roles/server/templates/sglang.service.j2), with and without an API key.
+    # What the unit runs (roles/server/templates/server.service.j2), with and without an API key.
     launcher = ["python3", "-c", keyed_launcher()] if keyed else ["python3", "-m", "sglang.launch_server"]
     port = free_port()
     cmd = [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all", "--env-file",

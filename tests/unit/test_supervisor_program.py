@@ -1,4 +1,4 @@
-"""The TP group's supervisor (roles/supervisor/files/sglang_supervisor.py) on a simulated pair.
+"""The TP group's supervisor (roles/supervisor/files/spark_llm_supervisor.py) on a simulated pair.
 
 No real command runs in-process: the supervisor's injectable runner is a model of the two nodes
 (each rank's systemd unit, the processes holding each GPU, SSH reachability, the head's HTTP
@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRAM = REPO / "roles" / "supervisor" / "files" / "sglang_supervisor.py"
+PROGRAM = REPO / "roles" / "supervisor" / "files" / "spark_llm_supervisor.py"
 # The nodes run the program with their own python3 (>= 3.11); the suite's venv may be newer.
 NODE_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
@@ -203,27 +203,27 @@ class FakeCluster:
 
     def execute(self, node: FakeNode, command: list[str]):
         match command:
-            case ["systemctl", "show", "-p", props, "sglang.service"]:
+            case ["systemctl", "show", "-p", props, "spark-llm.service"]:
                 assert props.split(",")[:3] == ["ActiveState", "SubState", "Result"]
                 return S.Result(0, f"ActiveState={node.active}\nSubState={node.sub}\nResult={node.result}\n"
                                    f"ActiveEnterTimestampMonotonic={node.enter_us if node.started is not None else 0}\n")
-            case ["systemctl", "stop", "sglang.service"]:
+            case ["systemctl", "stop", "spark-llm.service"]:
                 if self.answers_generations():
                     self.stops_while_serving.append((self.clock.mono, node.name))
                 if node.active in ("active", "activating"):
                     self.end_rank(node, "inactive", "dead", "success")
                 return S.Result(0)
-            case ["systemctl", "reset-failed", "sglang.service"]:
+            case ["systemctl", "reset-failed", "spark-llm.service"]:
                 if node.active == "failed":
                     node.active, node.sub, node.result = "inactive", "dead", "success"
                 return S.Result(0)
-            case ["systemctl", "start", "sglang.service"]:
+            case ["systemctl", "start", "spark-llm.service"]:
                 if node.active != "active":
                     self.start_rank(node)
                 return S.Result(0)
             case ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"]:
                 return S.Result(0, "".join(f"{pid}\n" for pid in node.gpu_pids))
-            case ["journalctl", "-u", "sglang.service", "-n", "30", "--no-pager"]:
+            case ["journalctl", "-u", "spark-llm.service", "-n", "30", "--no-pager"]:
                 lines = [f"{node.name} sglang[{i}]: line {i}" for i in range(40)]
                 lines[35] = f"{node.name} sglang[35]: launch_server --api-key {KEY}"
                 return S.Result(0, "\n".join(lines) + "\n")
@@ -252,11 +252,11 @@ class FakeCluster:
 
 
 def settings(tmp_path: Path, **overrides) -> Path:
-    env = tmp_path / "sglang.env"
+    env = tmp_path / "spark-llm.env"
     env.write_text(f"NCCL_SOCKET_IFNAME=enp1s0f0np0\nSGLANG_API_KEY={KEY}\nHF_HUB_OFFLINE=1\n")
     env.chmod(0o600)
     config = {
-        "unit": "sglang.service",
+        "unit": "spark-llm.service",
         "nodes": [{"name": HEAD, "address": "192.168.100.10", "local": True}, {"name": WORKER, "address": "192.168.100.11"}],
         "ssh": {"user": "root", "key": "/root/.ssh/id_spark_fabric", "known_hosts": "/root/.ssh/known_hosts",
                 "connect_timeout": 5},
@@ -312,7 +312,7 @@ class World:
                 if cmd[0] == "systemctl" and cmd[1] in ACTIONS]
 
     def logged(self, event: str) -> list[str]:
-        return [line for line in self.lines if line.startswith(f"sglang-supervisor: {event}")]
+        return [line for line in self.lines if line.startswith(f"spark-llm-supervisor: {event}")]
 
 
 ORDERED_RESTART = [(HEAD, "stop"), (WORKER, "stop"), (HEAD, "reset-failed"), (WORKER, "reset-failed"),
@@ -646,7 +646,7 @@ def test_an_alert_command_that_fails_is_logged_not_fatal(new_world):
     w.cluster.kill(HEAD)
     w.tick()
     assert len(w.cluster.alerts) == 1
-    assert w.logged("alert-failed") == ["sglang-supervisor: alert-failed: the alert command exited 7: "
+    assert w.logged("alert-failed") == ["spark-llm-supervisor: alert-failed: the alert command exited 7: "
                                         "curl: (7) Failed to connect"]
     assert w.state()["state"] == "gave-up" and w.state()["history"][-1]["alert"] == "failed: exit 7"
 
@@ -701,7 +701,7 @@ def test_the_streak_and_its_back_off_survive_a_supervisor_restart_and_a_head_reb
 
     new_supervisor()  # the process restarted at once
     assert w.logged("resumed-state") == [
-        f"sglang-supervisor: resumed-state: failing streak 1/3, back-off 60s, next attempt {st['next_attempt']} "
+        f"spark-llm-supervisor: resumed-state: failing streak 1/3, back-off 60s, next attempt {st['next_attempt']} "
         f"(from {w.state_dir / 'state.json'})"]
     w.cluster.clear()
     w.sup.tick()
@@ -735,11 +735,11 @@ def test_a_state_dir_on_tmpfs_is_reported_at_start(new_world, tmp_path, monkeypa
     mountinfo.write_text(
         "22 1 8:2 / / rw,relatime shared:1 - ext4 /dev/vda2 rw\n"
         "25 22 0:21 / /run rw,nosuid shared:5 - tmpfs tmpfs rw,size=1600000k\n"
-        "26 22 0:22 / /var/lib/sglang-supervisor rw shared:6 - tmpfs tmpfs rw\n"
+        "26 22 0:22 / /var/lib/spark-llm-supervisor rw shared:6 - tmpfs tmpfs rw\n"
         "27 22 0:23 / /var/lib/spare\\040disk rw shared:7 - xfs /dev/vdb1 rw\n")
-    assert S.filesystem_type("/var/lib/sglang-supervisor", str(mountinfo)) == "tmpfs"
-    assert S.filesystem_type("/var/lib/sglang-supervisor/state.json", str(mountinfo)) == "tmpfs"
-    assert S.filesystem_type("/var/lib/sglang-supervisor-old", str(mountinfo)) == "ext4"
+    assert S.filesystem_type("/var/lib/spark-llm-supervisor", str(mountinfo)) == "tmpfs"
+    assert S.filesystem_type("/var/lib/spark-llm-supervisor/state.json", str(mountinfo)) == "tmpfs"
+    assert S.filesystem_type("/var/lib/spark-llm-supervisor-old", str(mountinfo)) == "ext4"
     assert S.filesystem_type("/var/lib/spare disk/x", str(mountinfo)) == "xfs"
     assert S.filesystem_type("/run/x", str(mountinfo)) == "tmpfs"
     assert S.filesystem_type("/x", str(tmp_path / "absent")) == ""
@@ -747,7 +747,7 @@ def test_a_state_dir_on_tmpfs_is_reported_at_start(new_world, tmp_path, monkeypa
     monkeypatch.setattr(S, "filesystem_type", lambda path: "tmpfs")
     w.sup.announce()
     assert w.logged("warning") == [
-        f"sglang-supervisor: warning: state_dir {w.state_dir} is on tmpfs: the failing streak, the back-off and a "
+        f"spark-llm-supervisor: warning: state_dir {w.state_dir} is on tmpfs: the failing streak, the back-off and a "
         "give-up would not survive a reboot of the head; keep it on disk (/var/lib)"]
     monkeypatch.setattr(S, "filesystem_type", lambda path: "ext4")
     w.lines.clear()
@@ -826,7 +826,7 @@ def test_paused_it_only_watches(new_world, capsys):
     w.tick(4)
     assert S.main(["pause", "--config", str(w.path), "--reason", "again"], clock=w.clock) == 0
     assert json.loads(capsys.readouterr().out) == {**printed, "changed": False}  # still the same pause
-    assert w.logged("paused") == ["sglang-supervisor: paused: paused by the operator: deliberate stop.yml; watching only"]
+    assert w.logged("paused") == ["spark-llm-supervisor: paused: paused by the operator: deliberate stop.yml; watching only"]
     assert w.actions() == [] and w.cluster.requests == []
     assert {cmd[1] for _t, _n, cmd in w.cluster.commands} == {"show"}
     st = w.state()
@@ -859,8 +859,8 @@ def test_sigterm_ends_the_loop_without_touching_the_ranks(new_world, capsys):
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("sglang-supervisor: start: watching sglang.service on spark-0 (local), spark-1 every 30s")
-    assert out[-1] == "sglang-supervisor: exit: stopped by SIGTERM; the ranks are left as they are"
+    assert out[0].startswith("spark-llm-supervisor: start: watching spark-llm.service on spark-0 (local), spark-1 every 30s")
+    assert out[-1] == "spark-llm-supervisor: exit: stopped by SIGTERM; the ranks are left as they are"
     assert KEY not in "\n".join(out)
     assert 3 <= len(w.cluster.requests) <= 5 and w.actions() == []
     assert all(n.active == "active" for n in w.cluster.nodes)
@@ -954,7 +954,7 @@ class Month:
         return [line.split(": ", 2)[1] for _t, line in self.lines[since:]]
 
     def logged_at(self, since: int, event: str) -> list[float]:
-        return [t for t, line in self.lines[since:] if line.startswith(f"sglang-supervisor: {event}:")]
+        return [t for t, line in self.lines[since:] if line.startswith(f"spark-llm-supervisor: {event}:")]
 
     def healthy_for(self, seconds: int) -> None:
         """The group serves and nothing is done: every check is a healthy one and acts on no rank."""
@@ -1031,8 +1031,8 @@ def run_a_month(m: Month) -> None:
         mark = m.incident(kind, nodes)
         what = f"incident {number} ({kind} {'+'.join(nodes)})"
         assert m.decisions(mark) == DECISIONS[(kind, nodes)], what
-        [restart] = [line for _t, line in m.lines[mark:] if line.startswith("sglang-supervisor: restart:")]
-        assert restart.startswith("sglang-supervisor: restart: attempt 1/6 in a row"), what
+        [restart] = [line for _t, line in m.lines[mark:] if line.startswith("spark-llm-supervisor: restart:")]
+        assert restart.startswith("spark-llm-supervisor: restart: attempt 1/6 in a row"), what
         st = m.state()
         assert st["state"] == "healthy" and st["streak"] == 0 and st["backoff"] == 0 and st["next_attempt"] == ""
         assert m.cluster.answers_generations(), what

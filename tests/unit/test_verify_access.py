@@ -15,7 +15,7 @@ _spec = importlib.util.spec_from_file_location(
 judge = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(judge)
 
-KEYED = {"keyed": True, "allow_unauthenticated": False, "key_file": "/site/.credentials/sglang_api_key"}
+KEYED = {"keyed": True, "allow_unauthenticated": False, "key_file": "/site/.credentials/spark_llm_api_key"}
 CERT = {"error": "", "version": "TLSv1.3", "subject": "commonName=spark-0", "issuer": "commonName=CA",
         "not_after": "Mar  4 11:57:09 2029 GMT"}
 
@@ -42,7 +42,7 @@ def test_an_endpoint_that_serves_without_the_key_fails():
 
 def test_no_key_known_names_where_it_was_looked_for():
     row = judge.judge_auth({"unauthenticated": answer(401)}, {**KEYED, "keyed": False})
-    assert not row["ok"] and "/site/.credentials/sglang_api_key does not exist" in row["detail"]
+    assert not row["ok"] and "/site/.credentials/spark_llm_api_key does not exist" in row["detail"]
     assert "run playbooks/server.yml" in row["remedy"]
 
 
@@ -58,9 +58,9 @@ def test_serving_without_a_key_on_purpose_is_a_warning_row():
 
 
 def test_tls_passes_only_with_a_verified_chain_and_plain_http_refused():
-    ok = judge.judge_tls({"certificate": CERT, "plain_http": answer(400)}, {"ca": "/site/.credentials/sglang-ca.crt"})
+    ok = judge.judge_tls({"certificate": CERT, "plain_http": answer(400)}, {"ca": "/site/.credentials/spark-llm-ca.crt"})
     assert ok["ok"] and ok["detail"] == (
-        "TLSv1.3, chain verifies against /site/.credentials/sglang-ca.crt: commonName=spark-0 issued by commonName=CA, "
+        "TLSv1.3, chain verifies against /site/.credentials/spark-llm-ca.crt: commonName=spark-0 issued by commonName=CA, "
         "valid until Mar  4 11:57:09 2029 GMT; plain HTTP refused (HTTP 400)")
     assert judge.judge_tls({"certificate": CERT, "plain_http": answer(None)}, {})["detail"].endswith("plain HTTP refused")
     bad = judge.judge_tls({"certificate": {"error": "SSLCertVerificationError: certificate verify failed"}}, {"ca": ""})

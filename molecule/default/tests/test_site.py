@@ -35,7 +35,7 @@ def head_name(host):
 
 def launch_args(host):
     """The arguments after sglang.launch_server in the installed unit's ExecStart."""
-    return unit_launch_args(host.file("/etc/systemd/system/sglang.service").content_string)
+    return unit_launch_args(host.file("/etc/systemd/system/spark-llm.service").content_string)
 
 
 def test_node_runs_real_systemd(host):
@@ -85,7 +85,7 @@ def test_checkpoint_is_complete_and_stamped(host):
 
 
 def test_env_file_is_private(host):
-    f = host.file("/etc/sglang/sglang.env")
+    f = host.file("/etc/spark-llm/spark-llm.env")
     assert f.exists and f.mode == 0o600
     v = hostvars(host)
     assert f"SGLANG_HOST_IP={v['spark_fabric_ip']}" in f.content_string
@@ -116,7 +116,7 @@ def test_unit_topology_flags(host):
 
 
 def test_rank_unit_is_active_and_enabled(host):
-    svc = host.service("sglang")
+    svc = host.service("spark-llm")
     assert svc.is_running
     assert svc.is_enabled
 
@@ -126,6 +126,6 @@ def test_head_serves_the_model(host):
         pytest.skip("only rank 0 serves HTTP")
     # With the key from the rank's env file (secure by default), through stdin: never on a command line.
     models = json.loads(host.check_output(
-        "sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' /etc/sglang/sglang.env"
+        "sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' /etc/spark-llm/spark-llm.env"
         " | curl -sf -H @- http://127.0.0.1:30000/v1/models"))
     assert len(models["data"]) == 1

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The node collector of the monitoring role: what the node exporter cannot read, as a textfile.
 
-Run by sglang-monitoring-collector.timer every few seconds (as root: the supervisor's state is 0600),
+Run by spark-llm-monitoring-collector.timer every few seconds (as root: the supervisor's state is 0600),
 it writes <textfile dir>/spark_node.prom atomically (a temporary file renamed over it), which the node
 exporter's textfile collector serves:
 

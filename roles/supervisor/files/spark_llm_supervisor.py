@@ -5,10 +5,10 @@ A TP group lives or dies as one: a rank alone cannot serve and holds its GPU mem
 frozen rank stalls every generation while /health stays green. This program runs on the head
 (a systemd service) and keeps the group serving with no playbook run:
 
-    sglang_supervisor.py run    --config /etc/sglang/supervisor.json   # the daemon loop, one log line per event
-    sglang_supervisor.py status --config ...                           # prints the state JSON
-    sglang_supervisor.py pause  --config ... [--reason TEXT]           # watch only, never act
-    sglang_supervisor.py resume --config ...                           # clears pause and give-up, resets counts
+    spark_llm_supervisor.py run    --config /etc/spark-llm/supervisor.json   # the daemon loop, one log line per event
+    spark_llm_supervisor.py status --config ...                           # prints the state JSON
+    spark_llm_supervisor.py pause  --config ... [--reason TEXT]           # watch only, never act
+    spark_llm_supervisor.py resume --config ...                           # clears pause and give-up, resets counts
 
 status prints state.json plus "paused" (the marker, or null), "gave_up" ({reason, time}, or
 null), "next_attempt_in" (seconds until a pending attempt, 0 when it is due, null when none is
@@ -37,7 +37,7 @@ up when a restart would be needed with `max_restarts` restarts in a row behind i
 reach stable service (a crash loop: the group dies soon after each start, or never serves), and,
 against a slow loop whose every restart serves for a while, when `window_max_restarts` group
 restarts (of any cause, a boot's start included) already lie within `window` seconds. Giving up:
-every rank stopped, gave-up.json written, one log line "sglang-supervisor: GAVE UP ...",
+every rank stopped, gave-up.json written, one log line "spark-llm-supervisor: GAVE UP ...",
 `alert_command` run with the JSON summary on stdin; then nothing until `resume`. The streak, the
 back-off and the next attempt's time live in state.json on disk, so neither a restart of the
 supervisor nor a reboot of the head resets them (a crash loop stays one).
@@ -74,7 +74,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-PREFIX = "sglang-supervisor:"
+PREFIX = "spark-llm-supervisor:"
 STATES = ("healthy", "probing-failed", "restarting", "waiting-for-node", "stopped", "paused", "gave-up")
 HISTORY = 50
 JOURNAL_LINES = 30
@@ -96,7 +96,7 @@ TIMED_OUT = 124
 PROBE_PROMPT = "Reply with one word: OK"
 
 DEFAULTS = {
-    "unit": "sglang.service",
+    "unit": "spark-llm.service",
     "endpoint": "http://127.0.0.1:30000",
     "model": "",
     "env_file": "",
@@ -114,7 +114,7 @@ DEFAULTS = {
     "gpu_release_timeout": 180,
     "node_wait_report": 600,
     "alert_command": "",
-    "state_dir": "/var/lib/sglang-supervisor",
+    "state_dir": "/var/lib/spark-llm-supervisor",
 }
 SSH_DEFAULTS = {"user": "root", "key": None, "known_hosts": None, "connect_timeout": 5}
 POSITIVE = ("interval", "failures", "probe_timeout", "window", "readiness_timeout", "gpu_release_timeout",
@@ -1262,7 +1262,7 @@ def install_signal_handlers(sup: Supervisor) -> None:
 
 
 def main(argv: list[str] | None = None, runner=None, clock=None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang_supervisor.py", description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser = argparse.ArgumentParser(prog="spark_llm_supervisor.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("run", "the daemon loop"), ("status", "print the state JSON"),
                        ("pause", "watch only, never act"), ("resume", "clear a pause and a give-up")):
