@@ -128,6 +128,15 @@ class TakeOver:
             self.systemctl("reset-failed", unit)
         self.plan(f"stop, disable and remove {unit}", act, unit=True)
 
+    def old_unit(self, key):
+        """The unit under the layout's `key` (its file at `key`_path), when its old name differs and it is there."""
+        old, new = self.old[key], self.new[key]
+        if old == new or not os.path.lexists(self.old[key + "_path"]):
+            return False
+        self.found.append(f"{old} -> {new}")
+        self.unit_gone(old, self.old[key + "_path"])
+        return True
+
     def moved(self, source, target, what, rewrite=None):
         """Move `source` to `target`; refuse when both exist (two copies: which one is in use is the operator's call)."""
         if source == target or not os.path.lexists(source):
@@ -162,9 +171,7 @@ class TakeOver:
 
     def supervisor(self):
         o, n = self.old, self.new
-        if o["supervisor_unit"] != n["supervisor_unit"] and os.path.lexists(o["supervisor_unit_path"]):
-            self.found.append(f"{o['supervisor_unit']} -> {n['supervisor_unit']}")
-            self.unit_gone(o["supervisor_unit"], o["supervisor_unit_path"])
+        if self.old_unit("supervisor_unit"):
             # Its configuration names the old unit; the supervisor role writes it again. Until then the server role
             # finds no supervisor to pause around the restart, as on a node that never had one.
             now = o["config_dir"] if os.path.isdir(o["config_dir"]) else n["config_dir"]
@@ -175,9 +182,7 @@ class TakeOver:
 
     def server(self):
         o, n = self.old, self.new
-        if o["server_unit"] != n["server_unit"] and os.path.lexists(o["server_unit_path"]):
-            self.found.append(f"{o['server_unit']} -> {n['server_unit']}")
-            self.unit_gone(o["server_unit"], o["server_unit_path"])
+        if self.old_unit("server_unit"):
             docker = self.module.get_bin_path("docker")
             if docker:
                 # docker run --rm removes the stopped rank's container; one that outlived its unit goes too.
@@ -207,9 +212,7 @@ class TakeOver:
 
     def firewall(self):
         o, n = self.old, self.new
-        if o["firewall_unit"] != n["firewall_unit"] and os.path.lexists(o["firewall_unit_path"]):
-            self.found.append(f"{o['firewall_unit']} -> {n['firewall_unit']}")
-            self.unit_gone(o["firewall_unit"], o["firewall_unit_path"])
+        self.old_unit("firewall_unit")
         nft = self.module.get_bin_path("nft")
         if nft and o["firewall_table"] != n["firewall_table"]:
             rc, _out, _err = self.module.run_command([nft, "list", "table", "inet", o["firewall_table"]])
