@@ -14,7 +14,7 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials, layout
 
 # The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
 # settings were sglang_<concern>_*, and are <concern>_* since.
@@ -101,8 +101,20 @@ def spark_legacy_credentials(folder, legacy_names, names):
             for old, new in pairs if old != new and os.path.lexists(os.path.join(str(folder), old))]
 
 
+def spark_legacy_paths(legacy_names, names):
+    """The paths whose presence on a node shows something installed under a name before 1.3.0 (its units, their
+    drop-ins and its directories), where that name differs from today's: a shell test for each costs the run far
+    less than a module, and only a node where one exists gets the legacy_names module."""
+    old, new = layout(legacy_names), layout(names)
+    keys = ("server_unit_path", "config_dir", "supervisor_unit_path", "supervisor_state_dir", "firewall_unit_path",
+            "firewall_rules", "collector_program_dir", "monitoring_state_dir", "journald_dropin", "nginx_conf")
+    paths = [old[k] for k in keys if old[k] != new[k]]
+    paths += [path for path, now in zip(old["monitoring_dropins"], new["monitoring_dropins"], strict=True) if path != now]
+    return paths
+
+
 class FilterModule:
     def filters(self):
         return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
                 "spark_project_dir": spark_project_dir, "spark_credential_file": spark_credential_file,
-                "spark_legacy_credentials": spark_legacy_credentials}
+                "spark_legacy_credentials": spark_legacy_credentials, "spark_legacy_paths": spark_legacy_paths}

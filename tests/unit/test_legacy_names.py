@@ -13,6 +13,7 @@ import yaml
 
 from tests.lib import role_module
 from tests.lib.playbook import REPO
+from tests.lib.roles import filter_plugin
 
 role_module.collection_importable()
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import (  # noqa: E402
@@ -157,3 +158,11 @@ def test_a_kept_configuration_is_kept_under_the_installed_files_new_names(tmp_pa
     assert kept["files"]["env"] == b"HF_HUB_OFFLINE=1\n" and kept["image"] == {"image_ref": "img"}
     assert sorted(p.name for p in store.iterdir()) == ["config.json", "server-args.json", "spark-llm.env",
                                                        "spark-llm.service"]
+
+
+def test_a_node_is_looked_at_for_every_old_unit_and_directory_and_nothing_of_today():
+    paths = filter_plugin("spark").spark_legacy_paths(SPARK["spark_legacy_names"], names(SPARK))
+    old = layout(SPARK["spark_legacy_names"])
+    assert {old["server_unit_path"], old["config_dir"], old["supervisor_unit_path"], old["firewall_unit_path"],
+            old["monitoring_state_dir"], *old["monitoring_dropins"]} <= set(paths)
+    assert all("sglang" in p for p in paths), paths
