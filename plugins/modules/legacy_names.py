@@ -96,6 +96,7 @@ import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import atomic_write
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import NAMES, credentials, layout
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.server_store import LAST_GOOD, MANIFEST, PENDING
 
@@ -169,13 +170,16 @@ class TakeOver:
 
     # --- the parts -------------------------------------------------------------------------------------
 
+    def config_dir_now(self):
+        """The rank's configuration directory as it is before this run moves it (or after a run cut short moved it)."""
+        return self.old["config_dir"] if os.path.isdir(self.old["config_dir"]) else self.new["config_dir"]
+
     def supervisor(self):
         o, n = self.old, self.new
         if self.old_unit("supervisor_unit"):
             # Its configuration names the old unit; the supervisor role writes it again. Until then the server role
             # finds no supervisor to pause around the restart, as on a node that never had one.
-            now = o["config_dir"] if os.path.isdir(o["config_dir"]) else n["config_dir"]
-            self.removed(os.path.join(now, SUPERVISOR_CONFIG), "the supervisor's configuration")
+            self.removed(os.path.join(self.config_dir_now(), SUPERVISOR_CONFIG), "the supervisor's configuration")
         if o["supervisor_program_dir"] != n["supervisor_program_dir"]:
             self.removed(o["supervisor_program_dir"], "the supervisor's program")
         self.moved(o["supervisor_state_dir"], n["supervisor_state_dir"], "the supervisor's state")
@@ -193,8 +197,7 @@ class TakeOver:
                 self.units_touched = True
             self.removed(o["server_dropin_dir"], "the rank unit's drop-ins")
         self.moved(o["nginx_conf"], n["nginx_conf"], "the TLS proxy's configuration", rewrite=self.rewrite_paths)
-        # The directory as it is before this run moves it (or after a run cut short moved it).
-        now = o["config_dir"] if os.path.isdir(o["config_dir"]) else n["config_dir"]
+        now = self.config_dir_now()
         self.moved(o["config_dir"], n["config_dir"], "the rank's configuration directory")
         if not os.path.isdir(now) or o["config_dir"] == n["config_dir"] and o["env_name"] == n["env_name"]:
             return
@@ -289,11 +292,7 @@ class TakeOver:
 
     @staticmethod
     def write_keeping_mode(path, text):
-        mode = os.stat(path).st_mode & 0o7777
-        tmp = path + ".spark-llm-new"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text.encode(), os.stat(path).st_mode & 0o7777)
 
     def credentials(self, folder, old_names, new_names):
         for old, new in zip(credentials(old_names), credentials(new_names), strict=True):

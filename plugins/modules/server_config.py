@@ -110,6 +110,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import atomic_write
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import read_bytes
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.server_store import (
     KINDS,
@@ -139,23 +140,6 @@ def differences(a_files, a_image_id, b):
     return out
 
 
-def _write(path, content, mode):
-    """Write `content` to `path` through a temporary file beside it, with `mode` from the first byte."""
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".spark-llm-config-")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save(store, name, paths, files, image):
     """Replace the copy `name` in `store` with `files` and `image`, whole or not at all."""
     os.makedirs(store, mode=0o700, exist_ok=True)
@@ -164,9 +148,9 @@ def save(store, name, paths, files, image):
         os.chmod(staging, 0o700)
         names = {kind: os.path.basename(paths[kind]) for kind in KINDS}
         for kind in KINDS:
-            _write(os.path.join(staging, names[kind]), files[kind], MODES[kind])
+            atomic_write(os.path.join(staging, names[kind]), files[kind], MODES[kind])
         manifest = {"files": names, "image": image, "kept": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _write(os.path.join(staging, MANIFEST), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(), 0o600)
+        atomic_write(os.path.join(staging, MANIFEST), (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(), 0o600)
         replace_dir(staging, os.path.join(store, name))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -304,7 +288,7 @@ def main():
                 module.fail_json(msg=f"{ref} names {docker.image_id(ref)} here, not the kept {kept_id}")
         if not module.check_mode:
             for kind in changed:
-                _write(paths[kind], last_good["files"][kind], MODES[kind])
+                atomic_write(paths[kind], last_good["files"][kind], MODES[kind])
             if retag:
                 rc, out, err = docker.run("tag", kept_id, ref)
                 if rc != 0:
