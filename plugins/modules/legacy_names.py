@@ -145,7 +145,7 @@ class TakeOver:
         self.found.append(f"{source} -> {target}")
         if os.path.lexists(target):
             self.module.fail_json(
-                msg=f"{what}: both {source} (its name before 1.3.0) and {target} exist on this node, so it was not "
+                msg=f"{what}: {source} (its name before 1.3.0) and {target} both exist, so it was not "
                     f"moved. Fix: keep the one in use, remove the other (or move it aside), and run again.",
                 found=self.found)
 
