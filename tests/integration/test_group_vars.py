@@ -28,8 +28,8 @@ def probe_playbooks():
     """A probe play in playbooks/, a site-like play at the top importing it, and one in an outside project
     importing it by its FQCN."""
     tag = uuid.uuid4().hex[:8]
-    inner = REPO / "playbooks" / f"_probe_{tag}.yml"
-    outer = REPO / f"_site_probe_{tag}.yml"
+    inner = REPO / "playbooks" / f"_test_probe_{tag}.yml"
+    outer = REPO / f"_test_site_probe_{tag}.yml"
     inner.write_text(textwrap.dedent(f"""\
         ---
         - name: Probe
