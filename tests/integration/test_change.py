@@ -25,7 +25,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib import node_state, outside_project
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.supervised import api_key_header, generate
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,6 @@ IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 # memory), one that answers 17 x 23 wrongly, and a plain second tag.
 TILE, WRONG, V2 = f"{IMAGE}-tile", f"{IMAGE}-wrong", f"{IMAGE}-v2"
 BUILDS = {TILE: {"sglang": {"tilelang_tile": "default"}}, WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
-PLAN = "Refuse invalid SGLang server settings before any change"
 LEGACY = yaml.safe_load((REPO / "roles/spark/vars/main.yml").read_text())["spark_legacy_names"]
 # What each name of the collection's units and files is on a node: present or not, old name and new.
 LAYOUT = ("for p in /etc/systemd/system/sglang.service /etc/systemd/system/spark-llm.service /etc/sglang /etc/spark-llm "
@@ -194,7 +193,7 @@ def test_bad_input_is_refused_before_any_node_changes(site):
                         server_rollback="sometimes")
     uninstall = site.play("playbooks/uninstall.yml", uninstall_images="perhaps", uninstall_checkpoint="later")
     for result in (upgrade, uninstall):
-        assert result.rc != 0 and {d["task"] for d in result.failed} == {PLAN}, result.stdout[-3000:]
+        assert result.rc != 0 and {d["task"] for d in result.failed} == {SITE_CHECK}, result.stdout[-3000:]
         assert result.changed == []
     messages = upgrade.failure_messages()
     assert "server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves" in messages

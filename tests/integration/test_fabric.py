@@ -23,11 +23,10 @@ import pytest
 import testinfra
 
 from tests.harness import cluster as sim
-from tests.lib.playbook import run_playbook
+from tests.lib.playbook import SITE_CHECK, run_playbook
 
 PLAYBOOK = "playbooks/fabric.yml"
 # The one validation every playbook runs first (playbooks/inventory_check.yml).
-PLAN = "Refuse invalid SGLang server settings before any change"
 IFACE = "enp1s0f1np1"
 NETPLAN = "/etc/netplan/40-cx7.yaml"
 KEY = "/root/.ssh/id_spark_fabric"
@@ -181,7 +180,7 @@ def refusal(delivered, sim_inventory, tmp_path_factory):
 def test_refuses_duplicate_fabric_addresses(fresh, refusal):
     dup = fresh.nodes[0].fabric_ip
     result = refusal("no-head")  # with -e spark_fabric_ip={dup}
-    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1", "Fix:", by=PLAN)
+    assert_refused(result, fresh, f"spark_fabric_ip {dup} of spark-0 is also the address of spark-1", "Fix:", by=SITE_CHECK)
 
 
 def test_refuses_address_off_the_common_subnet(fresh, refusal):
@@ -192,7 +191,7 @@ def test_refuses_address_off_the_common_subnet(fresh, refusal):
 @pytest.mark.parametrize("heads", [[], ["spark-0", "spark-1"]], ids=["no-head", "two-heads"])
 def test_refuses_anything_but_one_head(fresh, refusal, heads):
     result = refusal("two-heads" if heads else "no-head")
-    assert_refused(result, fresh, f"inventory group spark_head = {heads}: it must hold exactly one host", "Fix:", by=PLAN)
+    assert_refused(result, fresh, f"inventory group spark_head = {heads}: it must hold exactly one host", "Fix:", by=SITE_CHECK)
 
 
 def test_refuses_missing_interface(fresh, refusal):

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tests.harness import cluster as sim
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.roles import filter_plugin
 from tests.lib.supervised import REVISION, checkpoint_files, wait_for
 
@@ -345,7 +345,7 @@ def refused(sim_cluster, tmp_path_factory):
 def test_bad_input_is_refused_before_any_contact(sim_cluster, refused, playbook, fragment):
     result, out = refused(playbook)
     assert result.rc != 0, result.stdout[-3000:]
-    assert failed_at(result) == {REFUSED}, result.stdout[-3000:]
+    assert failed_at(result) == {SITE_CHECK}, result.stdout[-3000:]
     assert result.changed == []
     assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
     message = result.failure_messages()

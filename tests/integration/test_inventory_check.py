@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 
-PLAN = "Refuse invalid SGLang server settings before any change"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
 HEAD = {"spark-0": {"ansible_host": "10.0.0.10", "spark_fabric_ip": "192.168.100.10"}}
 WORKERS = {"spark-1": {"ansible_host": "10.0.0.11", "spark_fabric_ip": "192.168.100.11"}}
@@ -66,7 +65,7 @@ BAD = [
 
 def assert_refused_before_contact(result, fragment: str):
     assert result.rc != 0, result.stdout[-3000:]
-    assert {d["task"] for d in result.failed} == {PLAN}, result.stdout[-3000:]
+    assert {d["task"] for d in result.failed} == {SITE_CHECK}, result.stdout[-3000:]
     assert result.changed == []
     assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
     message = result.failure_messages()

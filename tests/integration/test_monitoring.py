@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.harness import cluster as sim
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.supervised import REVISION, api_key_header, checkpoint_files, generate, wait_for
 from tests.standins.grafana_api import GrafanaAPI
 
@@ -35,7 +35,6 @@ MONITORING = "playbooks/monitoring.yml"
 ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
               "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale")
 CONFIG_DIR = "/etc/prometheus/spark"
-REFUSED = "Refuse monitoring settings that do not parse"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"
 # Kept by the report pruning (monitoring_reports_keep: 2 runs of each kind).
@@ -311,7 +310,7 @@ def test_bad_input_is_refused_before_any_contact(tmp_path, playbook):
     out = tmp_path / "rendered"
     result = run_playbook(playbook, inv, envvars=NO_CONTACT, extravars={"server_render_dir": str(out), **BAD})
     assert result.rc != 0, result.stdout[-3000:]
-    assert {d["task"] for d in result.failed} == {REFUSED}, result.stdout[-3000:]
+    assert {d["task"] for d in result.failed} == {SITE_CHECK}, result.stdout[-3000:]
     assert result.changed == []
     assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
     message = result.failure_messages()

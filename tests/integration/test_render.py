@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.seed import ADDED_FLAGS, FACTS, SEED_FLAGS, facts_launch_args
 from tests.lib.unit_file import exec_words, launch_args
 
 INVENTORY = REPO / "inventory" / "spark"
 PLAYBOOK = "playbooks/render.yml"
-VALIDATION_TASK = "Refuse invalid SGLang server settings before any change"
 
 # deployment-facts.md, "The field-tested launch command", in its order
 # (model-path and tp-size are derived and checked separately).
@@ -46,7 +45,7 @@ def render(out: Path, extravars: dict | None = None, **kwargs):
 def assert_refused_before_any_change(result, out: Path, *fragments: str):
     assert result.rc != 0
     failed_tasks = {d["task"] for d in result.failed}
-    assert failed_tasks == {VALIDATION_TASK}, failed_tasks
+    assert failed_tasks == {SITE_CHECK}, failed_tasks
     assert result.changed_before_first_failure() == []
     assert result.changed == []
     message = result.failure_messages()

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.harness import cluster as sim
-from tests.lib.playbook import REPO, run_playbook
+from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.seed import DEFAULT_FLAGS
 from tests.lib.supervised import api_key_header
 from tests.lib.unit_file import launch_args
@@ -41,7 +41,6 @@ INSTALL_STEP = "Install the unit and its environment where the probe found them 
 RESTART_STEP = "Restart all ranks together when anything changed"
 READINESS_STEP = "Wait for the head, stop every rank on failure"
 STEPS_INCLUDE = "Install, restart and wait for the ranks where the read found work to do"
-PLAN = "Refuse invalid SGLang server settings before any change"
 STAMP_CHECK = "Refuse to start on a checkpoint that is not verified at the pinned revision"
 ARCH_CHECK = "Refuse an image that is missing or not linux/arm64"
 SAME_IMAGE = "Refuse ranks that would run different images"
@@ -415,7 +414,7 @@ def test_guard_rail_refuses_before_any_change(serving, sim_inventory):
     units = {n.name: ssh(n, f"sha256sum {UNIT_PATH}") for n in serving.nodes}
     result = server(sim_inventory, server_flag_overrides={"tool-call-parser": "glm"})
     assert result.rc != 0
-    assert failed_at(result) == {PLAN}
+    assert failed_at(result) == {SITE_CHECK}
     assert changed_tasks(result) == []
     messages = result.failure_messages()
     assert "tool-call-parser" in messages and "glm47" in messages and '"tool_calls": null' in messages
