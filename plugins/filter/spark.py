@@ -55,11 +55,12 @@ def _wired_names() -> set[str]:
     return names
 
 
-def spark_renamed_settings(hostvars, hosts):
+def spark_renamed_settings(hostvars, hosts, announce=True):
     """The settings `hosts` still set under their names before the rename, as [{host, old, new, value}].
 
-    Each old name gets one deprecation line for the run, naming its hosts and the new name. A host that sets
-    both names is refused: which of the two values it meant cannot be known.
+    Each old name gets one deprecation line for the run, naming its hosts and the new name (unless `announce` is
+    false: the question whether there is any, asked before the task that applies them announces them). A host
+    that sets both names is refused: which of the two values it meant cannot be known.
     """
     wired = _wired_names()
     found, both = [], []
@@ -77,7 +78,7 @@ def spark_renamed_settings(hostvars, hosts):
         raise AnsibleFilterError(
             "; ".join(both) + ". Which value is meant cannot be known, and nothing was changed. Fix: keep only the new "
             "name in the inventory (the old one is what it was called before the engine-neutral rename).")
-    for old, where in seen.items():
+    for old, where in seen.items() if announce else ():
         Display().deprecated(
             f"{old} (set for {', '.join(where)}) is now {RENAMED.get(old, old[len('sglang_'):])}: rename it in the "
             "inventory",

@@ -166,3 +166,17 @@ def test_a_node_is_looked_at_for_every_old_unit_and_directory_and_nothing_of_tod
     assert {old["server_unit_path"], old["config_dir"], old["supervisor_unit_path"], old["firewall_unit_path"],
             old["monitoring_state_dir"], *old["monitoring_dropins"]} <= set(paths)
     assert all("sglang" in p for p in paths), paths
+
+
+def test_renamed_settings_are_announced_once_by_the_task_that_applies_them(monkeypatch):
+    """The inventory check asks whether any setting still has its old name (announce=false) before it includes the
+    task that applies them: only that task's call may print the deprecation line, or each would print twice."""
+    spark = filter_plugin("spark")
+    said = []
+    monkeypatch.setattr(spark.Display, "deprecated", lambda self, msg, **kw: said.append(msg))
+    hostvars = {"spark-0": {"sglang_server_port": 30001, "server_image": "x"}, "spark-1": {"server_port": 30000}}
+    expected = [{"host": "spark-0", "old": "sglang_server_port", "new": "server_port", "value": 30001}]
+    assert spark.spark_renamed_settings(hostvars, ["spark-0", "spark-1"], announce=False) == expected
+    assert said == []
+    assert spark.spark_renamed_settings(hostvars, ["spark-0", "spark-1"]) == expected
+    assert said == ["sglang_server_port (set for spark-0) is now server_port: rename it in the inventory"]
