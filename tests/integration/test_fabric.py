@@ -26,7 +26,6 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import SITE_CHECK, run_playbook
 
 PLAYBOOK = "playbooks/fabric.yml"
-# The one validation every playbook runs first (playbooks/inventory_check.yml).
 IFACE = "enp1s0f1np1"
 NETPLAN = "/etc/netplan/40-cx7.yaml"
 KEY = "/root/.ssh/id_spark_fabric"

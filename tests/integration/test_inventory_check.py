@@ -116,6 +116,27 @@ def test_bad_input_is_refused_before_any_contact(refused, playbook, case):
     assert "sk-only-twenty-two-chr" not in result.stdout
 
 
+def test_every_concerns_refusal_comes_in_one_run_each_under_its_header(tmp_path):
+    """The check computes the server, firewall, supervisor and monitoring plans in one task per host: a run with
+    a bad value of each refuses all of them at once, before any contact, each host's under each concern's header
+    (the header the role's own plan task uses)."""
+    out = tmp_path / "rendered"
+    result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, WORKERS), envvars=NO_CONTACT, extravars={
+        "server_render_dir": str(out), "server_port": "abc", "supervisor_enabled": True, "supervisor_interval": "x",
+        "spark_monitoring": True, "monitoring_retention_time": "15 days"})
+    assert_refused_before_contact(result, "server_port = 'abc': the head's HTTP port must be a TCP port number")
+    assert not out.exists()
+    messages = {d["host"]: d["res"]["msg"] for d in result.failed}
+    assert sorted(messages) == ["spark-0", "spark-1"], messages
+    for host, message in messages.items():
+        headers = [f"Refusing to deploy SGLang on {host}:", f"Refusing the firewall of {host}:",
+                   f"Refusing the group supervisor settings of {host}:", f"Refusing the monitoring settings of {host}:"]
+        assert all(header + "\n- " in message for header in headers), message
+        assert [message.index(header) for header in headers] == sorted(message.index(header) for header in headers)
+        for fragment in ("supervisor_interval = 'x': must be a whole number", "monitoring_retention_time = '15 days'"):
+            assert fragment in message, message
+
+
 def test_one_node_renders_when_acknowledged(tmp_path):
     out = tmp_path / "rendered"
     result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, {}), envvars=NO_CONTACT,
