@@ -7,10 +7,13 @@ verbs read them, for this host and (under --limit, by delegation) for others.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 from pathlib import Path
 
+import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
@@ -25,6 +28,10 @@ RENAMED = {f"sglang_monitoring_sglang_{x}": f"monitoring_server_{x}" for x in ("
 # The collection's own wiring (playbooks/group_vars/all) sets some new names for every host: a site that sets
 # the old name of one of them sets it once, not twice.
 WIRING = Path(__file__).resolve().parents[2] / "playbooks" / "group_vars" / "all"
+ROLES = Path(__file__).resolve().parents[2] / "roles"
+# What ArgumentSpecValidator judges a value by; descriptions and documented defaults are for ansible-doc (a
+# description may quote Jinja, which the validation task would template).
+_CHECKED = ("type", "elements", "choices", "options", "required", "no_log", "aliases")
 
 
 def spark_checkpoint_paths(model_dir):
@@ -114,8 +121,46 @@ def spark_legacy_paths(legacy_names, names):
     return paths
 
 
+def _checkable(spec: dict) -> dict:
+    kept = {k: v for k, v in spec.items() if k in _CHECKED and k != "options"}
+    if spec.get("options"):
+        kept["options"] = {name: _checkable(sub) for name, sub in spec["options"].items()}
+    return kept
+
+
+@functools.cache
+def _role_options() -> dict:
+    """Every option of every entry point of the collection's roles but the site role's (its entry points validate
+    where they run), as the validator judges it. One name has one definition in the whole collection (a unit
+    test holds them to it), so the first one found stands for all."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C build of the safe loader: a tenth of the time
+    options: dict = {}
+    for path in sorted(ROLES.glob("*/meta/argument_specs.yml")):
+        if path.parts[-3] == "spark":
+            continue
+        specs = yaml.load(path.read_text(), Loader=loader)["argument_specs"]  # noqa: S506 - a safe loader
+        for entry in (specs or {}).values():
+            for name, spec in ((entry or {}).get("options") or {}).items():
+                options.setdefault(name, _checkable(spec))
+    return options
+
+
+def spark_settings_spec(names):
+    """The argument spec of the role options among `names` (a host's variables: hostvars[inventory_hostname]),
+    for one validation task per host and run: the collection's playbooks then skip each role's own."""
+    options = _role_options()
+    return {name: options[name] for name in names if name in options}
+
+
+# Read here, in the process that imports the filters: the controller's plugin cache (callback_plugins) imports
+# them before the task workers fork, so no worker parses the specs again. Unreadable specs are left to the call.
+with contextlib.suppress(OSError, yaml.YAMLError, KeyError, TypeError):
+    _role_options()
+
+
 class FilterModule:
     def filters(self):
         return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
                 "spark_project_dir": spark_project_dir, "spark_credential_file": spark_credential_file,
-                "spark_legacy_credentials": spark_legacy_credentials, "spark_legacy_paths": spark_legacy_paths}
+                "spark_legacy_credentials": spark_legacy_credentials, "spark_legacy_paths": spark_legacy_paths,
+                "spark_settings_spec": spark_settings_spec}

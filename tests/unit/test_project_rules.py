@@ -164,7 +164,9 @@ def test_inventory_groups_are_named_only_by_the_site_role():
     plugins = sorted((REPO / "plugins").rglob("*.py"))
     offenders += [str(p.relative_to(REPO)) for p in [*PLAYBOOKS, REPO / "site.yml", *wiring, *plugins]
                   if re.search(r"groups\[['\"]spark", p.read_text())]
-    assert offenders == []
+    # Where a play's hosts are decided no role's values exist yet: the inventory check's first play looks at the
+    # default group names only to skip itself when they hold a TP group, and the site role's check decides.
+    assert offenders == ["playbooks/inventory_check.yml"]
 
 
 def test_no_role_loads_another_roles_files():
@@ -240,10 +242,50 @@ def test_tasks_from_names_a_declared_entry_point():
     for role, entry, validated, path in uses:
         specs = load(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
         assert entry in specs, f"{path.relative_to(REPO)} uses {role} tasks_from {entry}, not declared in its argument specs"
-        # Skipping the spec check is only for entry points whose spec has nothing to check (they validate
+        if path in PLAYBOOKS:
+            continue  # the plays on the ranks skip it: the inventory check validated their options (test below)
+        # Elsewhere skipping the spec check is only for entry points whose spec has nothing to check (they validate
         # the variables themselves): an option added there later must not go unchecked.
         assert validated or not specs[entry].get("options"), (
             f"{path.relative_to(REPO)} skips the spec validation of {role} tasks_from {entry}, which declares options")
+
+
+ROLE_CALLS = ("ansible.builtin.include_role", "ansible.builtin.import_role")
+
+
+def test_the_playbooks_validate_the_ranks_settings_once_and_skip_only_what_the_check_validated():
+    # The inventory check judges every role option a rank's settings give against the roles' specs, once per run.
+    check = load(REPO / "playbooks" / "tasks" / "inventory_check.yml")
+    validation = [t["ansible.builtin.validate_argument_spec"] for t in tasks_in(check)
+                  if "ansible.builtin.validate_argument_spec" in t]
+    assert validation and "spark_settings_spec" in validation[0]["argument_spec"], validation
+    for path in PLAYBOOKS:
+        if path.name in ("inventory_check.yml", "legacy_names.yml"):
+            continue
+        for play in load(path):
+            if "hosts" not in play:
+                continue
+            # A play's roles: would validate each role again, in every run.
+            assert "roles" not in play, f"{path.name}: {play['name']}: import the role with rolespec_validate: false"
+            calls = [task[key] for k in ("pre_tasks", "tasks", "post_tasks") for task in tasks_in(play.get(k))
+                     for key in ROLE_CALLS if isinstance(task.get(key), dict)]
+            for call in calls:
+                # Only the ranks were checked: a play on other hosts (the monitoring host) keeps the role's own.
+                ranks = play["hosts"] == "spark" or play["hosts"].endswith(" else 'spark' }}")
+                assert call.get("rolespec_validate", True) is not ranks, (path.name, play["name"], call)
+
+
+def test_an_option_means_the_same_in_every_role_and_entry_point():
+    # The check validates every role's options at once (plugins/filter/spark.py, spark_settings_spec): one name,
+    # one definition, or the merged spec would judge a value by whichever role came first.
+    checked = ("type", "elements", "choices", "options", "required", "no_log", "aliases")
+    seen: dict[str, tuple[str, dict]] = {}
+    for role in ROLES:
+        for entry, spec in load(role / "meta" / "argument_specs.yml")["argument_specs"].items():
+            for name, option in ((spec or {}).get("options") or {}).items():
+                judged = {k: option.get(k) for k in checked}
+                where, first = seen.setdefault(name, (f"{role.name} {entry}", judged))
+                assert judged == first, f"{name}: {role.name} {entry} defines it otherwise than {where}"
 
 
 def test_no_content_reads_the_deprecated_vars_dictionary():
