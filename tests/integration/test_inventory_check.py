@@ -18,6 +18,8 @@ import yaml
 
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 
+SETTINGS_CHECK = "Validating arguments against every role's arg spec - the site's settings for the ranks' roles"
+
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
 HEAD = {"spark-0": {"ansible_host": "10.0.0.10", "spark_fabric_ip": "192.168.100.10"}}
 WORKERS = {"spark-1": {"ansible_host": "10.0.0.11", "spark_fabric_ip": "192.168.100.11"}}
@@ -135,6 +137,23 @@ def test_every_concerns_refusal_comes_in_one_run_each_under_its_header(tmp_path)
         assert [message.index(header) for header in headers] == sorted(message.index(header) for header in headers)
         for fragment in ("supervisor_interval = 'x': must be a whole number", "monitoring_retention_time = '15 days'"):
             assert fragment in message, message
+
+
+def test_a_setting_of_a_role_the_playbook_does_not_run_is_refused_by_type_before_any_contact(tmp_path):
+    """After the plans, one task per rank judges every role option the settings give against the roles' argument
+    specs (the plays skip each role's own): render.yml runs neither the fabric nor the benchmark role, and still
+    refuses their settings of the wrong type, on every host, before any contact."""
+    out = tmp_path / "rendered"
+    result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, WORKERS), envvars=NO_CONTACT,
+                          extravars={"server_render_dir": str(out), "fabric_mtu": "jumbo", "benchmark_rounds": "few"})
+    assert result.rc != 0, result.stdout[-3000:]
+    assert {d["task"] for d in result.failed} == {SETTINGS_CHECK}, result.stdout[-3000:]
+    assert sorted(d["host"] for d in result.failed) == ["spark-0", "spark-1"]
+    assert result.changed == [] and not out.exists()
+    assert "no_contact" not in result.stdout, "a node was contacted before the refusal"
+    for d in result.failed:
+        errors = " ".join(d["res"]["argument_errors"])
+        assert "'fabric_mtu'" in errors and "jumbo" in errors and "'benchmark_rounds'" in errors, errors
 
 
 def test_one_node_renders_when_acknowledged(tmp_path):

@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.roles import filter_plugin
+
 REPO = Path(__file__).resolve().parents[2]
 COLLECTION = "{namespace}.{name}".format(**yaml.safe_load((REPO / "galaxy.yml").read_text()))
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
 PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
+ROLE_CALLS = ("ansible.builtin.include_role", "ansible.builtin.import_role")
+# The playbooks whose plays on the ranks rely on the inventory check's validation; the check's own plays and the
+# legacy play (on every host) follow the rule for roles.
+RANK_PLAYBOOKS = [p for p in PLAYBOOKS if p.name not in ("inventory_check.yml", "legacy_names.yml")]
 COMMAND_MODULES = {"ansible.builtin.command", "ansible.builtin.shell", "ansible.builtin.raw", "ansible.builtin.script"}
 
 
@@ -231,7 +237,7 @@ def test_tasks_from_names_a_declared_entry_point():
                 play.get(k) for play in plays for k in ("pre_tasks", "tasks", "post_tasks")]
             for tasks in task_lists:
                 for task in tasks_in(tasks):
-                    for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                    for key in ROLE_CALLS:
                         args = task.get(key)
                         if isinstance(args, dict) and args.get("tasks_from"):
                             uses.append((args["name"], args["tasks_from"], args.get("rolespec_validate", True), path))
@@ -242,7 +248,7 @@ def test_tasks_from_names_a_declared_entry_point():
     for role, entry, validated, path in uses:
         specs = load(REPO / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
         assert entry in specs, f"{path.relative_to(REPO)} uses {role} tasks_from {entry}, not declared in its argument specs"
-        if path in PLAYBOOKS:
+        if path in RANK_PLAYBOOKS:
             continue  # the plays on the ranks skip it: the inventory check validated their options (test below)
         # Elsewhere skipping the spec check is only for entry points whose spec has nothing to check (they validate
         # the variables themselves): an option added there later must not go unchecked.
@@ -250,7 +256,6 @@ def test_tasks_from_names_a_declared_entry_point():
             f"{path.relative_to(REPO)} skips the spec validation of {role} tasks_from {entry}, which declares options")
 
 
-ROLE_CALLS = ("ansible.builtin.include_role", "ansible.builtin.import_role")
 
 
 def test_the_playbooks_validate_the_ranks_settings_once_and_skip_only_what_the_check_validated():
@@ -259,9 +264,7 @@ def test_the_playbooks_validate_the_ranks_settings_once_and_skip_only_what_the_c
     validation = [t["ansible.builtin.validate_argument_spec"] for t in tasks_in(check)
                   if "ansible.builtin.validate_argument_spec" in t]
     assert validation and "spark_settings_spec" in validation[0]["argument_spec"], validation
-    for path in PLAYBOOKS:
-        if path.name in ("inventory_check.yml", "legacy_names.yml"):
-            continue
+    for path in RANK_PLAYBOOKS:
         for play in load(path):
             if "hosts" not in play:
                 continue
@@ -278,7 +281,7 @@ def test_the_playbooks_validate_the_ranks_settings_once_and_skip_only_what_the_c
 def test_an_option_means_the_same_in_every_role_and_entry_point():
     # The check validates every role's options at once (plugins/filter/spark.py, spark_settings_spec): one name,
     # one definition, or the merged spec would judge a value by whichever role came first.
-    checked = ("type", "elements", "choices", "options", "required", "no_log", "aliases")
+    checked = filter_plugin("spark")._CHECKED  # noqa: SLF001 - what the validator reads of an option
     seen: dict[str, tuple[str, dict]] = {}
     for role in ROLES:
         for entry, spec in load(role / "meta" / "argument_specs.yml")["argument_specs"].items():
