@@ -8,11 +8,20 @@ Imported here, before the workers fork, they are inherited by every worker (the 
 finds them in sys.modules). A directory added to the legacy search path (an include of a role with
 plugins of its own) clears the legacy cache, so it is filled again, in this process, before the
 next task is handed to the workers.
+
+The same workers are why the main process's objects are frozen (gc.freeze) before each task is
+handed out. A worker inherits the main process's heap page by page, copy on write; a full garbage
+collection in the worker walks every tracked object it inherited and writes to each one's header,
+so the worker copies most of that heap and the collector spends its time on objects the worker never
+uses. Frozen objects are left out of every collection, in the workers and in the main process: about
+a tenth of the controller's CPU in a no-change site.yml. The price is that cyclic garbage made
+before a freeze is not reclaimed until the run ends: about 2 MB in a no-change site.yml.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 from pathlib import Path
 
 import yaml
@@ -29,6 +38,7 @@ DOCUMENTATION = """
     short_description: load the Jinja plugins once in the controller's main process
     description:
       - Fills the filter and test plugin caches before the task workers fork, so they inherit them.
+      - Freezes the main process's objects before each task, so that no garbage collection in a worker walks them.
       - Has no output and changes nothing; it needs no enabling.
 """
 
@@ -61,6 +71,8 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self._fill()
+        gc.freeze()
 
     def v2_playbook_on_handler_task_start(self, task):
         self._fill()
+        gc.freeze()

@@ -7,6 +7,7 @@ callback it would.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import subprocess
 import sys
@@ -32,6 +33,7 @@ WORKER = r"""
 import os, sys
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 init_plugin_loader([sys.argv[1]])
+import gc
 import importlib.util
 spec = importlib.util.spec_from_file_location("cache_under_test", sys.argv[2])
 cache = importlib.util.module_from_spec(spec)
@@ -96,3 +98,18 @@ def test_the_cache_left_alone_while_it_is_full():
     cached = dict(filter_loader._cached_non_collection_wrappers)  # noqa: SLF001
     callback.v2_playbook_on_task_start(task=None, is_conditional=False)
     assert filter_loader._cached_non_collection_wrappers == cached  # noqa: SLF001
+
+
+def test_the_main_process_heap_is_frozen_before_every_task_and_handler_is_handed_out():
+    # What a worker inherits must be left out of its garbage collections (copied page by page otherwise).
+    callback = load_callback()
+    try:
+        for start in (lambda: callback.v2_playbook_on_task_start(task=None, is_conditional=False),
+                      lambda: callback.v2_playbook_on_handler_task_start(task=None)):
+            gc.unfreeze()
+            inherited = [[n] for n in range(10_000)]
+            assert gc.get_freeze_count() == 0
+            start()
+            assert gc.get_freeze_count() >= len(inherited)
+    finally:
+        gc.unfreeze()
