@@ -33,7 +33,6 @@ WORKER = r"""
 import os, sys
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 init_plugin_loader([sys.argv[1]])
-import gc
 import importlib.util
 spec = importlib.util.spec_from_file_location("cache_under_test", sys.argv[2])
 cache = importlib.util.module_from_spec(spec)
