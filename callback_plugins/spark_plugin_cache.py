@@ -69,10 +69,12 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_play_start(self, play):
         self._fill()
 
-    def v2_playbook_on_task_start(self, task, is_conditional):
+    def _before_the_workers_fork(self) -> None:
         self._fill()
         gc.freeze()
 
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._before_the_workers_fork()
+
     def v2_playbook_on_handler_task_start(self, task):
-        self._fill()
-        gc.freeze()
+        self._before_the_workers_fork()
