@@ -144,9 +144,23 @@ def _docker(result):
     return {"state": state, "rc": rc, "stderr": stderr, "runtimes": runtimes if isinstance(runtimes, dict) else {}}
 
 
-def _meminfo_mib(text, field):
+def _meminfo_kib(text, field):
+    """A /proc/meminfo figure in kB, None when the kernel does not report it."""
     match = re.search(rf"^{field}:\s+(\d+)", text, re.MULTILINE)
-    return int(match.group(1)) // 1024 if match else 0
+    return int(match.group(1)) if match else None
+
+
+def _meminfo_mib(text, field):
+    return (_meminfo_kib(text, field) or 0) // 1024
+
+
+def _cmdline_value(cmdline, name):
+    """A kernel command-line parameter as the setup module's proc_cmdline gives it (a list when given twice:
+    the kernel obeys the last), "" when absent."""
+    value = (cmdline or {}).get(name, "")
+    if isinstance(value, list):
+        value = value[-1] if value else ""
+    return "" if value is True else str(value)
 
 
 def _disk(result):
@@ -196,6 +210,10 @@ def preflight_facts(probes):
         "arch": setup.get("architecture", ""),
         "distribution": setup.get("distribution", ""),
         "distribution_version": setup.get("distribution_version", ""),
+        "kernel": str(setup.get("kernel") or ""),
+        "kho": _cmdline_value(setup.get("proc_cmdline"), "kho"),
+        # The contiguous memory allocator's figures (kB; None on a kernel built without it).
+        "cma": {"total_kib": _meminfo_kib(meminfo, "CmaTotal"), "free_kib": _meminfo_kib(meminfo, "CmaFree")},
         "server": server,
         "gpu": _gpu(probes.get("gpu"), server),
         "docker": _docker(probes.get("docker")),
@@ -248,6 +266,13 @@ def preflight_findings(probes, checks, settings):
     return found
 
 
+def preflight_platform(probes):
+    """What the summary records of one node: its running kernel and NVIDIA driver ("" when unknown)."""
+    facts = preflight_facts(probes)
+    drivers = sorted({row[3] for row in facts["gpu"]["rows"] if len(row) > 3})
+    return {"kernel": facts["kernel"], "driver": ", ".join(drivers)}
+
+
 class FilterModule:
     def filters(self):
-        return {"preflight_findings": preflight_findings}
+        return {"preflight_findings": preflight_findings, "preflight_platform": preflight_platform}

@@ -14,8 +14,8 @@ description:
     with the role.
   - Collects what the role's check table reads, each part in the shape of the task it replaces, so
     that the C(preflight_findings) filter reads the same evidence it always did.
-  - The CPU architecture and the distribution, collected by the same fact collectors as
-    M(ansible.builtin.setup) with C(gather_subset=min), returned as facts.
+  - The CPU architecture, the running kernel, its command line and the distribution, collected by the same
+    fact collectors as M(ansible.builtin.setup) with C(gather_subset=min), returned as facts.
   - The GPUs, the processes holding them and each process's cgroups (C(nvidia-smi) and
     C(/proc/<pid>/cgroup)), Docker's container runtimes and the full ID of the server's container, the
     free space where the model directory will land and the bytes already in it, each a command result
@@ -62,7 +62,7 @@ extends_documentation_fragment:
   - dgx_spark.llm_serving.read_only
 seealso:
   - module: ansible.builtin.setup
-    description: Collects the same architecture and distribution facts.
+    description: Collects the same architecture, kernel, command-line and distribution facts.
 """
 
 EXAMPLES = r"""
@@ -87,8 +87,8 @@ links:
   returned: unless O(disk_only)
   type: dict
 ansible_facts:
-  description: C(architecture), C(distribution) and C(distribution_version) (and the rest of the platform and
-    distribution collectors' facts), as M(ansible.builtin.setup) gathers them.
+  description: C(architecture), C(kernel), C(proc_cmdline), C(distribution) and C(distribution_version) (and the
+    rest of the platform, command-line and distribution collectors' facts), as M(ansible.builtin.setup) gathers them.
   returned: unless O(disk_only)
   type: dict
 gpu:
@@ -137,6 +137,7 @@ import base64
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.facts.system.cmdline import CmdLineFactCollector
 from ansible.module_utils.facts.system.distribution import DistributionFactCollector
 from ansible.module_utils.facts.system.platform import PlatformFactCollector
 
@@ -250,6 +251,7 @@ def main():
     # The unit before the GPU processes: a rank found holding a GPU belongs to a unit seen active.
     unit = _unit(module, p["server_unit"]) if p["server_unit"] else {"status": {}}
     facts = PlatformFactCollector().collect(module=module)
+    facts.update(CmdLineFactCollector().collect(module=module, collected_facts=facts))
     facts.update(DistributionFactCollector().collect(module=module, collected_facts=facts))
     module.exit_json(
         changed=False,

@@ -69,7 +69,11 @@ def small_fs(sim_cluster):
         sim.ssh(n, f"umount {MODEL_PARENT} && rmdir {MODEL_PARENT}", check=False)
 
 
-def test_preflight_passes_on_good_nodes_and_changes_nothing(sim_inventory):
+def test_preflight_passes_on_good_nodes_and_changes_nothing(sim_cluster, sim_inventory):
+    # Recorded per node: its kernel (this machine's: the nodes are containers) and the nvidia-smi stand-in's driver.
+    kernel = {n.name: sim.ssh(n, "uname -r").strip() for n in sim_cluster.nodes}
+    driver = {n.name: sim.ssh(n, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").strip()
+              for n in sim_cluster.nodes}
     for check in (False, True):
         result = run_playbook(PLAYBOOK, sim_inventory, check=check)
         assert result.rc == 0, summary(result) if result.results(SUMMARY_TASK) else result.stdout[-3000:]
@@ -78,6 +82,22 @@ def test_preflight_passes_on_good_nodes_and_changes_nothing(sim_inventory):
         assert re.search(r"^spark-0\s+ok$", summary(result), re.MULTILINE)
         assert re.search(r"^spark-1\s+ok$", summary(result), re.MULTILINE)
         assert "0 fatal" in summary(result)
+        for name, release in kernel.items():
+            assert re.search(rf"^{name}\s+kernel {re.escape(release)}, NVIDIA driver {re.escape(driver[name])}$",
+                             summary(result), re.MULTILINE), summary(result)
+
+
+def test_a_kernel_reported_to_break_roce_is_a_warning_with_the_fix(sim_cluster, sim_inventory):
+    # The nodes' own kernel named in the table of releases reported to break RoCE: a warning on each node, with
+    # what was reported and the fix; the run still passes.
+    running = sim.ssh(sim_cluster.nodes[0], "uname -r").strip()
+    result = run_playbook(PLAYBOOK, sim_inventory, extravars={
+        "preflight_roce_broken_kernels": {running: "ibv_reg_mr_iova2 fails with ENOMEM at NCCL init"}})
+    assert result.rc == 0, summary(result)
+    assert findings(result) == {("spark-0", "WARN", "kernel"), ("spark-1", "WARN", "kernel")}
+    text = summary(result)
+    assert f"kernel {running} is reported to break RoCE: ibv_reg_mr_iova2 fails with ENOMEM at NCCL init" in text
+    assert "add kho=off to GRUB_CMDLINE_LINUX" in text and "0 fatal, 2 warning(s)" in text
 
 
 def test_preflight_reports_every_fault_of_every_node_in_one_run(sim_inventory, knobs, small_fs):

@@ -46,6 +46,7 @@ SETTINGS = {
     "preflight_docker_runtime": "nvidia",
     "preflight_memory_available_min_mib": 102400,
     "preflight_swap_fatal": False,
+    "preflight_roce_broken_kernels": {"7.0.0-1019-nvidia": "NCCL's ibv_reg_mr_iova2 fails with ENOMEM at init"},
     "preflight_model_dir": "/opt/models/glm53",
     "preflight_checkpoint_bytes": 48 * MIB,
     "preflight_disk_headroom_bytes": 8 * MIB,
@@ -88,9 +89,12 @@ def unit_probe(active=False, cgroup=""):
     return {"changed": False, "name": UNIT, "status": status}
 
 
-def meminfo_probe(available_mib=120 * 1024, swap_mib=0):
+def meminfo_probe(available_mib=120 * 1024, swap_mib=0, cma_kib=None):
+    """/proc/meminfo; cma_kib: (CmaTotal, CmaFree), as a kernel built with CMA adds them."""
     text = (f"MemTotal:       127543296 kB\nMemFree:         1000000 kB\nMemAvailable:   {available_mib * 1024} kB\n"
             f"SwapCached:            0 kB\nSwapTotal:      {swap_mib * 1024} kB\nSwapFree:       {swap_mib * 1024} kB\n")
+    if cma_kib is not None:
+        text += f"CmaTotal:       {cma_kib[0]:>9} kB\nCmaFree:        {cma_kib[1]:>9} kB\n"
     return {"changed": False, "content": base64.b64encode(text.encode()).decode(), "encoding": "base64",
             "source": "/proc/meminfo"}
 
@@ -111,10 +115,15 @@ def netdevs_probe(names=("lo", "enp1s0f0np0", "enp1s0f1np1")):
     return {"changed": False, "files": files, "matched": len(files), "examined": len(files)}
 
 
+# What the probe's fact collectors give on a good node (platform, command line, distribution), the part the table reads.
+GOOD_FACTS = {"architecture": "aarch64", "distribution": "Ubuntu", "distribution_version": "24.04",
+              "kernel": "6.17.0-1032-nvidia", "proc_cmdline": {"ro": True, "quiet": True}}
+
+
 def probes(**changes):
     """A good DGX Spark node's probe results, with the given ones replaced."""
     result = {
-        "facts": {"architecture": "aarch64", "distribution": "Ubuntu", "distribution_version": "24.04"},
+        "facts": dict(GOOD_FACTS),
         "unit": unit_probe(),
         "container": {"name": "spark-llm", "id": ""},
         "gpu": gpu_probe(),
@@ -172,6 +181,10 @@ FIX = {
     "swap": ("Turn it off (swapoff -a and remove it from /etc/fstab), or accept it (preflight_swap_fatal false only "
              "warns)."),
     "disk": "Free space on /opt/models, or set spark_model_dir to a directory on a larger filesystem.",
+    "roce-kernel": ("Boot a kernel that registers RoCE memory (the field reports name 6.17.0-1032-nvidia: pick it under "
+                    "GRUB's Advanced options, make it the default with grub-set-default and hold the kernel packages "
+                    "with apt-mark hold until a fixed kernel ships), or, where cat /sys/kernel/kexec_crash_size prints "
+                    "0, add kho=off to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub and reboot."),
     "fabric": ("Set spark_fabric_interface to the ConnectX-7 port that is cabled (ip -br link on the node lists "
                "them)."),
 }
@@ -257,6 +270,20 @@ CASES = {
     "swap-fatal": (probes(meminfo=meminfo_probe(swap_mib=8192)), {"preflight_swap_fatal": True},
                    [("fatal", "swap", "swap is on (8192 MiB): a load that overflows memory pages out instead of "
                      "failing fast", FIX["swap"])]),
+    # The release the field reports name; then the same kernel booted with the reported remedy.
+    "kernel-roce": (probes(facts={**GOOD_FACTS, "kernel": "7.0.0-1019-nvidia"}), {},
+                    [("warn", "kernel", "kernel 7.0.0-1019-nvidia is reported to break RoCE: NCCL's ibv_reg_mr_iova2 "
+                      "fails with ENOMEM at init", FIX["roce-kernel"])]),
+    "kernel-roce-kho-off": (probes(facts={**GOOD_FACTS, "kernel": "7.0.0-1019-nvidia",
+                                          "proc_cmdline": {"ro": True, "kho": ["on", "off"]}}), {}, []),
+    # The fault itself, as /proc/meminfo showed it on a pair that failed (CmaFree 940604 kB, CmaTotal 0 kB),
+    # on a release the table does not name; a kernel with working CMA, and one without CMA, pass.
+    "cma-broken": (probes(facts={**GOOD_FACTS, "kernel": "7.0.0-31-generic"}, meminfo=meminfo_probe(cma_kib=(0, 940604))),
+                   {}, [("warn", "cma", "the kernel reports CmaFree 940604 kB above CmaTotal 0 kB: the CMA fault under "
+                         "which NCCL's memory registration over RoCE (ibv_reg_mr) fails with ENOMEM and the ranks "
+                         "cannot form the group", FIX["roce-kernel"])]),
+    "cma-working": (probes(meminfo=meminfo_probe(cma_kib=(65536, 60000))), {}, []),
+    "cma-absent": (probes(meminfo=meminfo_probe()), {}, []),
     "disk-unmeasured": (
         probes(disk=disk_probe(mount="/opt/models", rc=1, stderr="find: '/opt/models/glm53/x': Permission denied\n")), {},
         [("fatal", "disk", "cannot measure the filesystem of /opt/models/glm53: find: '/opt/models/glm53/x': "
@@ -320,7 +347,8 @@ def test_the_table_names_known_severities_and_has_every_field():
         assert set(entry) <= {"check", "severity", "vars", "when", "problem", "fix"}, entry
         assert {"check", "severity", "when", "problem", "fix"} <= set(entry), entry
     assert {e["check"] for e in CHECKS} == {"arch", "os", "gpu", "gpu-count", "gpu-name", "gpu-cc", "gpu-driver",
-                                            "gpu-busy", "docker", "memory", "swap", "disk", "fabric", "fabric-link"}
+                                            "gpu-busy", "docker", "memory", "swap", "kernel", "cma", "disk", "fabric",
+                                            "fabric-link"}
 
 
 def test_every_fault_of_a_node_is_reported_in_table_order():
@@ -384,3 +412,11 @@ def test_an_undefined_name_in_the_table_is_an_error():
     entry = {"check": "x", "severity": "fatal", "when": "no_such_fact", "problem": "p", "fix": "f"}
     with pytest.raises(Exception, match="no_such_fact"):
         preflight.preflight_findings(probes(), [entry], SETTINGS)
+
+
+def test_the_summary_records_each_node_kernel_and_driver():
+    assert preflight.preflight_platform(probes()) == {"kernel": "6.17.0-1032-nvidia", "driver": "580.95.05"}
+    # Unknown stays empty (the summary says so): no driver answering, no kernel fact.
+    lost = probes(facts={"architecture": "aarch64"}, gpu=gpu_probe(rc=9, stdout=NO_DRIVER))
+    assert preflight.preflight_platform(lost) == {"kernel": "", "driver": ""}
+
