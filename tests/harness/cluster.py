@@ -516,6 +516,17 @@ def _install_standins(m: Path) -> None:
     for f in sorted((STANDINS / "lib").glob("*")):
         if f.is_file():
             shutil.copy2(f, lib / f.name)
+    # Kernel interfaces a container cannot have, started at every boot.
+    wants = m / "etc/systemd/system/sysinit.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    for unit in sorted((STANDINS / "units").glob("*.service")):
+        shutil.copy2(unit, m / "etc/systemd/system" / unit.name)
+        (wants / unit.name).unlink(missing_ok=True)
+        (wants / unit.name).symlink_to(f"/etc/systemd/system/{unit.name}")
+
+
+# Where a node's writes to /proc/sys/vm/drop_caches land (tests/standins/units/spark-sim-drop-caches.service).
+DROP_CACHES = "/var/lib/spark-sim-proc/drop_caches"
 
 
 def knob_path(merged: Path) -> Path:

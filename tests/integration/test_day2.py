@@ -19,7 +19,7 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 
 # What checkpoint.yml leaves behind (files, record, deep stamp at a claimed pin), in its smallest form.
-from tests.lib.supervised import REVISION, UNIT, checkpoint_files
+from tests.lib.supervised import REVISION, UNIT, checkpoint_files, node_file
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,10 @@ def restarted_under_limit(deployed, tmp_path_factory):
     """restart.yml --limit the worker, run once: (start times before it, its result, its verify report)."""
     head, worker = deployed.nodes
     before = unit_times(head)[1], unit_times(worker)[1]
+    # What each node wrote to /proc/sys/vm/drop_caches so far (its stand-in file, tests/standins/README.md) goes:
+    # the restart's starts must write it again.
+    for n in deployed.nodes:
+        node_file(n, sim.DROP_CACHES).write_text("")
     report = tmp_path_factory.mktemp("verify") / "verify.json"
     result = run_playbook("playbooks/restart.yml", deployed.inventory, limit=worker.name,
                           extravars={"server_readiness_timeout": READINESS,
@@ -119,6 +123,17 @@ def test_restart_under_limit_restarts_every_rank_head_stopped_first_workers_star
     assert w_start < h_start, "workers started first"
     table = "\n".join(result.results("Show the verification table")[worker.name]["msg"])
     assert table.count("PASS") == 5, table
+
+
+def test_each_rank_start_drops_the_page_cache_first(deployed, restarted_under_limit):
+    """The unit writes out dirty pages and drops the page cache before docker run: on both ranks, at the restart."""
+    _, result, _ = restarted_under_limit
+    assert result.rc == 0, result.stdout[-4000:]
+    for n in deployed.nodes:
+        drop = node_file(n, sim.DROP_CACHES)
+        assert drop.read_text().strip() == "3", n.name
+        started = int(sh(n, f"systemctl show {UNIT} -p ActiveEnterTimestamp --value --timestamp=unix").strip().lstrip("@"))
+        assert int(drop.stat().st_mtime) <= started, (n.name, drop.stat().st_mtime, started)
 
 
 def test_restart_brings_back_a_rank_whose_crash_loop_hit_the_start_limit(deployed):

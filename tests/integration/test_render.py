@@ -145,7 +145,10 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
     ):
         assert option in docker_opts, option
     assert " -d " not in f" {docker_opts} " and "--detach" not in docker_opts
-    assert "ExecStartPre=-/usr/bin/docker rm -f spark-llm" in unit
+    # The old container goes, then the page cache (dirty pages written first): in that order, before the start.
+    assert re.findall(r"^ExecStartPre=.*$", unit, re.M) == [
+        "ExecStartPre=-/usr/bin/docker rm -f spark-llm",
+        "ExecStartPre=+/bin/sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
     assert "ExecStop=-/usr/bin/docker stop --time 60 spark-llm" in unit
     assert "SuccessExitStatus=143\n" in unit, "137 (an OOM kill) must stay a failure"
     assert re.search(r"^TimeoutStartSec=3600$", unit, re.M)
@@ -157,20 +160,29 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
 
 
 @pytest.fixture(scope="module")
-def unsupervised_unauthenticated(tmp_path_factory):
-    """One render with the supervisor off and no API key: two settings of their own, each read by its
-    test (the restart policy from the unit; the key's absence from the env file and the launcher)."""
+def off_switches(tmp_path_factory):
+    """One render with the supervisor off, no API key and no page-cache drop: three settings of their own, each
+    read by its test (the restart policy and the drop from the unit; the key's absence from the env file and
+    the launcher)."""
     out = tmp_path_factory.mktemp("unsupervised") / "rendered"
-    result = render(out, {"supervisor_enabled": False, "server_allow_unauthenticated": True})
+    result = render(out, {"supervisor_enabled": False, "server_allow_unauthenticated": True,
+                          "server_drop_page_cache": False})
     return out, result
 
 
-def test_without_the_supervisor_each_rank_restarts_itself(unsupervised_unauthenticated):
-    out, result = unsupervised_unauthenticated
+def test_without_the_supervisor_each_rank_restarts_itself(off_switches):
+    out, result = off_switches
     assert result.rc == 0, result.stdout[-3000:]
     unit = (out / "spark-1" / "spark-llm.service").read_text()
     assert re.search(r"^Restart=on-failure$", unit, re.M) and re.search(r"^RestartSec=30$", unit, re.M)
     assert re.search(r"^StartLimitBurst=3$", unit, re.M)
+
+
+def test_without_the_page_cache_drop_the_unit_only_removes_the_old_container(off_switches):
+    out, result = off_switches
+    assert result.rc == 0, result.stdout[-3000:]
+    unit = (out / "spark-1" / "spark-llm.service").read_text()
+    assert re.findall(r"^ExecStartPre=.*$", unit, re.M) == ["ExecStartPre=-/usr/bin/docker rm -f spark-llm"]
 
 
 @pytest.mark.parametrize("host", sorted(NODES))
@@ -192,8 +204,8 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
     }
 
 
-def test_serving_without_a_key_needs_allow_unauthenticated(unsupervised_unauthenticated):
-    out, result = unsupervised_unauthenticated
+def test_serving_without_a_key_needs_allow_unauthenticated(off_switches):
+    out, result = off_switches
     assert result.rc == 0, result.stdout[-3000:]
     env = (out / "spark-0" / "spark-llm.env").read_text()
     unit = (out / "spark-0" / "spark-llm.service").read_text()

@@ -37,6 +37,8 @@ VOLATILE = (
     "var/cache/",
     # The image's Prometheus (started at boot) writes its own write-ahead log as time passes.
     "var/lib/prometheus/",
+    # The stand-in for /proc/sys/vm/drop_caches (tests/standins/README.md): a kernel switch, not a file, on DGX OS.
+    "var/lib/spark-sim-proc/",
     "root/.ansible/",
     "etc/ld.so.cache",
     "etc/.pwd.lock",
