@@ -651,6 +651,8 @@ def _check_scalars(ctx, errors):
     need_int("server_gpus_per_node", 1, 8, "a DGX Spark has one GB10 GPU")
     need_int("server_readiness_timeout", 60, 86400, "the wait for the head's /v1/models is in seconds")
     need_int("server_stop_timeout", 1, 3600, "docker stop's grace period is in seconds")
+    need_int("server_oom_score_adj", -1000, 1000,
+             "the kernel's oom_score_adj range; the ranks' containers get it, so earlyoom and the kernel choose them last")
 
     for var in ("server_container_memory", "server_shm_size"):
         value = ctx.get(var)

@@ -140,7 +140,7 @@ def test_unit_runs_exactly_the_json_args_with_what_a_gb10_rank_needs(rendered, h
     for option in (
         "--gpus all", "--network host", "--ipc host", "--shm-size 32g", "--ulimit memlock=-1",
         "--ulimit stack=67108864", "--cap-add IPC_LOCK", "--device /dev/infiniband",
-        "--memory 120g --memory-swap 120g", "--volume /opt/models/glm53:/models/glm53:ro",
+        "--memory 120g --memory-swap 120g", "--oom-score-adj -500", "--volume /opt/models/glm53:/models/glm53:ro",
         "--env-file /etc/spark-llm/spark-llm.env", "--rm --name spark-llm",
     ):
         assert option in docker_opts, option
