@@ -38,17 +38,11 @@ def _whole(value):
     return int(text) if text.isdigit() else None
 
 
-def _flag(value):
-    if isinstance(value, bool):
-        return value
-    return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).strip().lower())
-
-
 def supervisor_plan(ctx):
     """Check the supervisor's settings of one host: {errors}. Each error names the variable, the
     value, why it cannot be used and the fix. Nothing but the switch is checked while it is off."""
     errors = []
-    enabled = _flag(ctx.get("supervisor_enabled"))
+    enabled = inputs.switch(ctx.get("supervisor_enabled"))
     if enabled is None:
         errors.append(f"supervisor_enabled = {inputs.shown(ctx.get('supervisor_enabled'))}: must be true or "
                       "false. Fix: a YAML boolean.")

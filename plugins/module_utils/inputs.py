@@ -45,6 +45,13 @@ def whole_number(value, *, signed: bool = True, integral_float: bool = True):
     return None
 
 
+def switch(value):
+    """The bool the operator meant (true, "yes", "0", ...), or None for anything else."""
+    if isinstance(value, bool):
+        return value
+    return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).strip().lower())
+
+
 def port(value):
     """A TCP or UDP port, 1 to 65535, as an int; None for anything else."""
     number = whole_number(value, signed=False, integral_float=False)

@@ -32,6 +32,8 @@ PACKAGES = [
     # Monitoring from the distribution's packages (the monitoring role installs them with apt):
     # Prometheus (with promtool) on the monitoring host, the node exporter on every node.
     "prometheus", "prometheus-node-exporter",
+    # The guard role's earlyoom, which it installs with apt.
+    "earlyoom",
 ]
 
 # Clears the read-write /sys condition so udevd starts in the container;
@@ -88,7 +90,8 @@ def _customise(rootfs: Path) -> None:
     run(["chroot", str(rootfs), "systemctl", "disable", "nginx.service"], check=False, quiet=True)
     # The same for the monitoring packages: Debian enables them on install; a node the monitoring role
     # has not configured runs no Prometheus and no exporter.
-    for unit in sorted((rootfs / "usr/lib/systemd/system").glob("prometheus*")):
+    # earlyoom too: a node the guard role has not set up runs none.
+    for unit in [*sorted((rootfs / "usr/lib/systemd/system").glob("prometheus*")), Path("earlyoom.service")]:
         run(["chroot", str(rootfs), "systemctl", "disable", unit.name], check=False, quiet=True)
     # Debian's housekeeping timers (dpkg-db-backup, apt-daily, fstrim, tmpfiles-clean) change a node on
     # the wall clock's schedule: at midnight dpkg-db-backup writes /var/backups/*.0 on every node, which

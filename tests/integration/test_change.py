@@ -187,10 +187,24 @@ def test_a_site_deployed_under_the_names_before_1_3_takes_the_new_ones_with_one_
     assert "was deployed under the names before 1.3.0" not in again.stdout
 
 
+def test_earlyoom_guards_every_node_on_the_floor_and_the_ranks_come_last(site):
+    """The guard role's earlyoom: running now and at boot on the collection's drop-in (the package's own settings
+    no longer read), what it was before recorded once (the image has it installed and off); each rank's container
+    asked for its oom_score_adj (docker's record: lowering it takes a capability this machine's root lacks)."""
+    for n in site.cluster.nodes:
+        assert sh(n, "systemctl is-active earlyoom; systemctl is-enabled earlyoom").split() == ["active", "enabled"]
+        argv = sh(n, "systemctl show earlyoom -p ExecStart --value").split(" ; ")[1]
+        assert argv == ("argv[]=/usr/bin/earlyoom -m 4,2 -s 100,100 -r 3600 --avoid "
+                        "^(systemd|systemd-.*|sshd|dockerd|containerd|containerd-shim.*|earlyoom)$"), argv
+        assert json.loads(sh(n, "cat /var/lib/spark-llm-guard/earlyoom-before.json")) == {
+            "installed": True, "enabled": "disabled"}
+        assert sh(n, "docker inspect --format '{{.HostConfig.OomScoreAdj}}' spark-llm").strip() == "-500"
+
+
 def test_bad_input_is_refused_before_any_node_changes(site):
     before, files = started(site.cluster), config(site.cluster)
     upgrade = site.play("playbooks/upgrade.yml", server_image="lmsysorg/sglang:latest", upgrade_benchmark="maybe",
-                        server_rollback="sometimes")
+                        server_rollback="sometimes", guard_earlyoom_kill_percent=9)
     uninstall = site.play("playbooks/uninstall.yml", uninstall_images="perhaps", uninstall_checkpoint="later")
     for result in (upgrade, uninstall):
         assert result.rc != 0 and {d["task"] for d in result.failed} == {SITE_CHECK}, result.stdout[-3000:]
@@ -199,6 +213,7 @@ def test_bad_input_is_refused_before_any_node_changes(site):
     assert "server_image = 'lmsysorg/sglang:latest': :latest, a tag that moves" in messages
     assert "upgrade_benchmark = 'maybe': must be true or false" in messages
     assert "server_rollback = 'sometimes': must be true or false" in messages
+    assert "guard_earlyoom_kill_percent = 9: above guard_earlyoom_memory_percent (4)" in messages
     messages = uninstall.failure_messages()
     assert "uninstall_images = 'perhaps': must be true or false" in messages
     assert "uninstall_checkpoint = 'later': must be true or false" in messages

@@ -1,0 +1,60 @@
+"""The check of the guard role's settings (earlyoom's floor and choices), for the inventory check and the role."""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+
+
+def _whole(value):
+    """A whole number >= 0 as the operator gave it (7, "7"), None otherwise."""
+    return inputs.whole_number(value, signed=False, integral_float=False)
+
+
+def guard_plan(ctx):
+    """Check the guard's settings of one host: {errors}, each naming the variable, the value, why it cannot be
+    used and the fix. Nothing but the switch is checked while earlyoom is off."""
+    errors = []
+    enabled = inputs.switch(ctx.get("guard_earlyoom"))
+    if enabled is None:
+        errors.append(f"guard_earlyoom = {inputs.shown(ctx.get('guard_earlyoom'))}: must be true or false. "
+                      "Fix: a YAML boolean.")
+    if not enabled:
+        return {"errors": errors}
+    floor = _whole(ctx.get("guard_earlyoom_memory_percent"))
+    if floor is None or not 1 <= floor <= 100:
+        errors.append(f"guard_earlyoom_memory_percent = {inputs.shown(ctx.get('guard_earlyoom_memory_percent'))}: must be "
+                      "a whole percent from 1 to 100 (below it earlyoom sends SIGTERM). Fix: e.g. "
+                      "guard_earlyoom_memory_percent: 4, below the tenth of the memory a serving rank leaves.")
+    kill = _whole(ctx.get("guard_earlyoom_kill_percent"))
+    if kill is None or not 0 <= kill <= 100:
+        errors.append(f"guard_earlyoom_kill_percent = {inputs.shown(ctx.get('guard_earlyoom_kill_percent'))}: must be a "
+                      "whole percent from 0 to 100 (below it earlyoom sends SIGKILL). Fix: e.g. "
+                      "guard_earlyoom_kill_percent: 2.")
+    elif floor is not None and 1 <= floor <= 100 and kill > floor:
+        errors.append(f"guard_earlyoom_kill_percent = {kill}: above guard_earlyoom_memory_percent ({floor}); earlyoom "
+                      "refuses a SIGKILL floor above its SIGTERM floor and would not start. Fix: set "
+                      f"guard_earlyoom_kill_percent <= {floor}.")
+    avoid = ctx.get("guard_earlyoom_avoid")
+    problem = None
+    if not isinstance(avoid, str) or not avoid.strip() or "\n" in avoid:
+        problem = "must be one regular expression on one line"
+    else:
+        try:
+            re.compile(avoid)
+        except re.error as exc:
+            problem = f"does not parse as a regular expression ({exc})"
+    if problem:
+        errors.append(f"guard_earlyoom_avoid = {inputs.shown(avoid)}: {problem} (process names earlyoom passes over). "
+                      "Fix: e.g. guard_earlyoom_avoid: \"^(systemd|sshd|dockerd|containerd)$\".")
+    interval = _whole(ctx.get("guard_earlyoom_report_interval"))
+    if interval is None or interval < 0:
+        errors.append(f"guard_earlyoom_report_interval = {inputs.shown(ctx.get('guard_earlyoom_report_interval'))}: must "
+                      "be a whole number of seconds, 0 for no report. Fix: e.g. guard_earlyoom_report_interval: 3600.")
+    return {"errors": errors}
+
+
+class FilterModule:
+    def filters(self):
+        return {"guard_plan": guard_plan}
