@@ -12,10 +12,33 @@ def _whole(value):
     return inputs.whole_number(value, signed=False, integral_float=False)
 
 
+def _never_autoremove_errors(patterns):
+    """guard_never_autoremove: a list of regular expressions apt reads from a quoted list in its configuration."""
+    fix = 'Fix: e.g. guard_never_autoremove: ["^nvidia-.*", "^libnvidia-.*"], or [] for no rule.'
+    if not isinstance(patterns, list):
+        return [f"guard_never_autoremove = {inputs.shown(patterns)}: must be a list of regular expressions (package "
+                f"names apt autoremove never takes). {fix}"]
+    errors = []
+    for pattern in patterns:
+        problem = None
+        if not isinstance(pattern, str) or not pattern.strip():
+            problem = "is not a regular expression"
+        elif any(c in pattern for c in '";\n{}'):
+            problem = 'holds a character apt\'s configuration cannot carry in a quoted value (", ;, {, } or a newline)'
+        else:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problem = f"does not parse as a regular expression ({exc})"
+        if problem:
+            errors.append(f"guard_never_autoremove entry {inputs.shown(pattern)}: {problem}. {fix}")
+    return errors
+
+
 def guard_plan(ctx):
     """Check the guard's settings of one host: {errors}, each naming the variable, the value, why it cannot be
-    used and the fix. Nothing but the switch is checked while earlyoom is off."""
-    errors = []
+    used and the fix. Of earlyoom's, nothing but the switch is checked while it is off."""
+    errors = _never_autoremove_errors(ctx.get("guard_never_autoremove"))
     enabled = inputs.switch(ctx.get("guard_earlyoom"))
     if enabled is None:
         errors.append(f"guard_earlyoom = {inputs.shown(ctx.get('guard_earlyoom'))}: must be true or false. "

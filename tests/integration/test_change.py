@@ -190,7 +190,8 @@ def test_a_site_deployed_under_the_names_before_1_3_takes_the_new_ones_with_one_
 def test_earlyoom_guards_every_node_on_the_floor_and_the_ranks_come_last(site):
     """The guard role's earlyoom: running now and at boot on the collection's drop-in (the package's own settings
     no longer read), what it was before recorded once (the image has it installed and off); each rank's container
-    asked for its oom_score_adj (docker's record: lowering it takes a capability this machine's root lacks)."""
+    asked for its oom_score_adj (docker's record: lowering it takes a capability this machine's root lacks); and
+    apt's rule that autoremove never takes the NVIDIA platform."""
     for n in site.cluster.nodes:
         assert sh(n, "systemctl is-active earlyoom; systemctl is-enabled earlyoom").split() == ["active", "enabled"]
         argv = sh(n, "systemctl show earlyoom -p ExecStart --value").split(" ; ")[1]
@@ -199,6 +200,10 @@ def test_earlyoom_guards_every_node_on_the_floor_and_the_ranks_come_last(site):
         assert json.loads(sh(n, "cat /var/lib/spark-llm-guard/earlyoom-before.json")) == {
             "installed": True, "enabled": "disabled"}
         assert sh(n, "docker inspect --format '{{.HostConfig.OomScoreAdj}}' spark-llm").strip() == "-500"
+        # apt's own reading of its configuration: the guard's rule beside the distribution's for the kernels.
+        rules = sh(n, "apt-config dump APT::NeverAutoRemove")
+        for pattern in ("^nvidia-.*", "^libnvidia-.*", "^dgx-.*", "^cuda-.*", "^libcuda.*"):
+            assert f'APT::NeverAutoRemove:: "{pattern}";' in rules, rules
 
 
 def test_bad_input_is_refused_before_any_node_changes(site):

@@ -35,6 +35,12 @@ def test_the_defaults_pass():
     ({"guard_earlyoom_avoid": "^(sshd"}, "guard_earlyoom_avoid = '^(sshd': does not parse as a regular expression"),
     ({"guard_earlyoom_avoid": ""}, "guard_earlyoom_avoid = '': must be one regular expression on one line"),
     ({"guard_earlyoom_report_interval": -5}, "guard_earlyoom_report_interval = -5: must be a whole number of seconds"),
+    ({"guard_never_autoremove": "^nvidia-.*"}, "guard_never_autoremove = '^nvidia-.*': must be a list of regular "
+                                              "expressions"),
+    ({"guard_never_autoremove": ["^nvidia-.*", "^dgx-(.*"]}, "guard_never_autoremove entry '^dgx-(.*': does not "
+                                                             "parse as a regular expression"),
+    ({"guard_never_autoremove": ['^nvidia-.*";']}, "guard_never_autoremove entry '^nvidia-.*\";': holds a character "
+                                                   "apt's configuration cannot carry"),
 ])
 def test_a_bad_setting_is_refused_with_its_fix(changes, expected):
     found = errors(**changes)
@@ -42,6 +48,9 @@ def test_a_bad_setting_is_refused_with_its_fix(changes, expected):
     assert "Fix:" in found[0]
 
 
-def test_while_off_only_the_switch_is_checked():
+def test_while_earlyoom_is_off_only_its_switch_and_the_apt_rule_are_checked():
     assert errors(guard_earlyoom=False, guard_earlyoom_memory_percent=0, guard_earlyoom_avoid="(") == []
     assert errors(guard_earlyoom="no", guard_earlyoom_kill_percent=900) == []
+    assert errors(guard_earlyoom=False, guard_never_autoremove=["("])[0].startswith(
+        "guard_never_autoremove entry '(': does not parse")
+    assert errors(guard_never_autoremove=[]) == []
