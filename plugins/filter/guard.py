@@ -12,6 +12,15 @@ def _whole(value):
     return inputs.whole_number(value, signed=False, integral_float=False)
 
 
+def _unparsed(pattern):
+    """Why a regular expression does not parse, or None when it does."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"does not parse as a regular expression ({exc})"
+    return None
+
+
 def _never_autoremove_errors(patterns):
     """guard_never_autoremove: a list of regular expressions apt reads from a quoted list in its configuration."""
     fix = 'Fix: e.g. guard_never_autoremove: ["^nvidia-.*", "^libnvidia-.*"], or [] for no rule.'
@@ -26,10 +35,7 @@ def _never_autoremove_errors(patterns):
         elif any(c in pattern for c in '";\n{}'):
             problem = 'holds a character apt\'s configuration cannot carry in a quoted value (", ;, {, } or a newline)'
         else:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                problem = f"does not parse as a regular expression ({exc})"
+            problem = _unparsed(pattern)
         if problem:
             errors.append(f"guard_never_autoremove entry {inputs.shown(pattern)}: {problem}. {fix}")
     return errors
@@ -41,8 +47,7 @@ def guard_plan(ctx):
     errors = _never_autoremove_errors(ctx.get("guard_never_autoremove"))
     enabled = inputs.switch(ctx.get("guard_earlyoom"))
     if enabled is None:
-        errors.append(f"guard_earlyoom = {inputs.shown(ctx.get('guard_earlyoom'))}: must be true or false. "
-                      "Fix: a YAML boolean.")
+        errors.append(inputs.not_a_switch("guard_earlyoom", ctx.get("guard_earlyoom")))
     if not enabled:
         return {"errors": errors}
     floor = _whole(ctx.get("guard_earlyoom_memory_percent"))
@@ -64,10 +69,7 @@ def guard_plan(ctx):
     if not isinstance(avoid, str) or not avoid.strip() or "\n" in avoid:
         problem = "must be one regular expression on one line"
     else:
-        try:
-            re.compile(avoid)
-        except re.error as exc:
-            problem = f"does not parse as a regular expression ({exc})"
+        problem = _unparsed(avoid)
     if problem:
         errors.append(f"guard_earlyoom_avoid = {inputs.shown(avoid)}: {problem} (process names earlyoom passes over). "
                       "Fix: e.g. guard_earlyoom_avoid: \"^(systemd|sshd|dockerd|containerd)$\".")

@@ -44,8 +44,7 @@ def supervisor_plan(ctx):
     errors = []
     enabled = inputs.switch(ctx.get("supervisor_enabled"))
     if enabled is None:
-        errors.append(f"supervisor_enabled = {inputs.shown(ctx.get('supervisor_enabled'))}: must be true or "
-                      "false. Fix: a YAML boolean.")
+        errors.append(inputs.not_a_switch("supervisor_enabled", ctx.get("supervisor_enabled")))
     if not enabled:
         return {"errors": errors}
     values = {}

@@ -52,6 +52,11 @@ def switch(value):
     return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(str(value).strip().lower())
 
 
+def not_a_switch(name, value) -> str:
+    """The refusal of a switch (`name`) whose value is not a boolean, with its fix."""
+    return f"{name} = {shown(value)}: must be true or false. Fix: a YAML boolean."
+
+
 def port(value):
     """A TCP or UDP port, 1 to 65535, as an int; None for anything else."""
     number = whole_number(value, signed=False, integral_float=False)

@@ -338,6 +338,10 @@ def test_uninstall_leaves_the_nodes_as_they_booted_but_the_checkpoint_and_the_im
         assert sh(n, "ip -o -4 addr show dev enp1s0f1np1").strip() == "", "the fabric port has no address"
         assert sh(n, "pgrep -af '[s]glang' || true").strip() == ""
         assert sh(n, f"test -e /opt/models/glm53.verified && docker image inspect --format ok {V2}").strip() == "ok"
+    # A second run finds nothing left to take away, and says so.
+    again = site.play("playbooks/uninstall.yml")
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    assert again.changed == [], again.changed
 
 
 def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
