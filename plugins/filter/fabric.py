@@ -287,6 +287,131 @@ def fabric_trust_gaps(probes, head, workers, *, ips, user, key_path, authorized_
     return gaps
 
 
+# RoCE carries InfiniBand MTUs: the largest that fits in the netdev's MTU after the RoCE headers (GRH 40,
+# UDP 8, BTH 12, XRC 4, AtomicETH 28, ICRC 4), as the kernel's iboe_get_mtu (include/rdma/ib_addr.h) picks it.
+_ROCE_HEADERS = 96
+_IB_MTUS = (4096, 2048, 1024, 512, 256)
+# What NCCL does without a usable RoCE device: its socket transport, about a tenth of the link.
+SOCKET_FALLBACK = ("NCCL falls back to its socket transport on {interface} (about 2 GB/s of all-reduce bus bandwidth, "
+                   "a tenth of what RoCE gives tensor parallelism)")
+
+
+def fabric_roce_mtu(netdev_mtu) -> int:
+    """The RoCE (IB) MTU a port carries at the netdev MTU `netdev_mtu`: 9000 -> 4096, 1500 -> 1024."""
+    room = int(netdev_mtu) - _ROCE_HEADERS
+    return next((mtu for mtu in _IB_MTUS if room >= mtu), 0)
+
+
+def _gid_ipv4(gid):
+    """The IPv4 address of an IPv4-mapped GID (sysfs form), else None."""
+    try:
+        mapped = ipaddress.IPv6Address(str(gid)).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped else None
+
+
+def _fabric_ports(rdma, interface):
+    """(device, port) of every RDMA port behind the netdev `interface`."""
+    return [(d, p) for d in (rdma or {}).get("devices") or [] if interface in (d.get("netdevs") or [])
+            for p in d.get("ports") or []]
+
+
+def _address_gids(port, interface, address):
+    return [g for g in port.get("gids") or [] if g.get("ndev") in (interface, "") and _gid_ipv4(g.get("gid")) == address]
+
+
+def fabric_rdma_usable(rdma, interface, address) -> dict:
+    """What the ranks can give NCCL: {hcas, gid_index} - the RDMA devices behind the fabric port whose port is
+    ACTIVE with a RoCE v2 GID for the node's fabric address, and that GID's index (the first device's, None
+    where none is usable). The probe's `rdma` reading."""
+    hcas, index = [], None
+    for device, port in _fabric_ports(rdma, interface):
+        v2 = [g["index"] for g in _address_gids(port, interface, address) if g.get("type") == "RoCE v2"]
+        if port.get("state") == "ACTIVE" and v2:
+            hcas.append(device["name"])
+            index = v2[0] if index is None else index
+    return {"hcas": sorted(set(hcas)), "gid_index": index}
+
+
+def fabric_rdma_reads(hosts, hostvars) -> dict:
+    """{host: its newest RDMA reading} of `hosts`: read again after a change (tasks/reread.yml), else by the probe."""
+    out = {}
+    for host in hosts or []:
+        facts = hostvars[host]
+        reread = facts.get("__fabric_reread") or {}
+        probe = facts.get("__fabric_probe") or {}
+        out[host] = (reread.get("rdma") if "rdma" in reread and not reread.get("skipped") else probe.get("rdma")) or {}
+    return out
+
+
+def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
+    """Whether NCCL can use RoCE on `host`'s fabric port, and if not, why: {usable, lines, warnings}.
+
+    reads: {host: the probe's `rdma` reading} of the hosts of this run (the newest: read again after a
+    change). lines: one per RDMA port behind the fabric port (state, active MTU, RoCE v2 GID);
+    warnings: each cause found, with its fix and what NCCL does instead.
+    """
+    rdma = (reads or {}).get(host) or {}
+    usable = fabric_rdma_usable(rdma, interface, address)
+    want_mtu = fabric_roce_mtu(mtu)
+    lines, warnings = [], []
+    ports = _fabric_ports(rdma, interface)
+    if not ports:
+        found = [f"{d['name']} ({', '.join(d.get('netdevs') or []) or 'no netdev'})" for d in rdma.get("devices") or []]
+        if found:
+            cause = (f"no RDMA device behind {interface}: the RoCE devices here serve {', '.join(found)}. Fix: set "
+                     "spark_fabric_interface to the cabled port that has one (rdma link show lists each device's netdev)")
+        else:
+            cause = ("no RDMA device at all (/sys/class/infiniband is empty or absent): the ConnectX-7 RDMA driver is not "
+                     "loaded. Fix: modprobe mlx5_ib (DGX OS loads it at boot; check dmesg for why it did not)")
+        warnings.append(f"{cause}; {SOCKET_FALLBACK.format(interface=interface)}")
+    devinfo = rdma.get("devinfo") or {}
+    for device, port in ports:
+        name = f"{device['name']} port {port.get('port')}"
+        mine = _address_gids(port, interface, address)
+        v2 = [g for g in mine if g.get("type") == "RoCE v2"]
+        active = port.get("active_mtu")
+        lines.append(f"{name} ({interface}): {port.get('state') or '?'}, active MTU {active or '?'}, "
+                     + (f"RoCE v2 GID index {v2[0]['index']} ({address})" if v2 else f"no RoCE v2 GID for {address}"))
+        fallback = SOCKET_FALLBACK.format(interface=interface)
+        if port.get("state") != "ACTIVE":
+            if port.get("phys_state") != "LinkUp":
+                why = (f"{name} is {port.get('state') or 'not active'} because {interface} has no link "
+                       f"(physical state {port.get('phys_state') or 'unknown'}): the fabric port check names the cause")
+            else:
+                why = (f"{name} is {port.get('state')} although {interface} has its link: the driver keeps the RDMA "
+                       f"port down. Fix: rdma link show and dmesg say why; reloading mlx5_ib or a reboot brings it up")
+            warnings.append(f"{why}; {fallback}")
+        elif not v2:
+            if mine:
+                why = (f"{name} has {address} only in a GID of type {mine[0].get('type')} (index {mine[0]['index']}): NCCL uses "
+                       "RoCE v2, which is off on this device. Fix: turn RoCE v2 on in its firmware configuration "
+                       "(mlxconfig) and check the GID table with show_gids")
+            else:
+                why = (f"{name} has no GID for {address}: the address is not on {interface}, so RoCE cannot reach "
+                       "the peers from it (ip addr show dev " + interface + ")")
+            warnings.append(f"{why}; {fallback}")
+        if devinfo.get("rc") not in (0, None):
+            lines.append(f"{name}: active MTU not read: ibv_devinfo "
+                         + ("is not installed (apt install ibverbs-utils)" if devinfo.get("rc") == 127
+                            else f"failed ({devinfo.get('stderr') or devinfo.get('rc')})"))
+        elif active and active < want_mtu:
+            cap = port.get("max_mtu")
+            cause = (f"the port's maximum is {cap}" if cap and cap < want_mtu
+                     else f"{interface}'s MTU is below {mtu}")
+            warnings.append(f"{name} runs RDMA at an active MTU of {active}, not the {want_mtu} that the fabric MTU "
+                            f"{mtu} allows: {cause}. RDMA to the peers uses the smaller MTU: fewer bytes per packet")
+        for peer, peer_rdma in sorted((reads or {}).items()):
+            if peer == host:
+                continue
+            theirs = [p.get("active_mtu") for d, p in _fabric_ports(peer_rdma, interface) if p.get("active_mtu")]
+            if active and theirs and theirs[0] != active:
+                warnings.append(f"{name} has active MTU {active}, {peer} has {theirs[0]}: RDMA between them runs at "
+                                f"{min(active, theirs[0])}; give both ports the fabric MTU {mtu}")
+    return {"usable": usable, "lines": lines, "warnings": warnings}
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -304,4 +429,8 @@ class FilterModule:
             "fabric_peer_port": fabric_peer_port,
             "fabric_drift": fabric_drift,
             "fabric_port_cause": fabric_port_cause,
+            "fabric_roce_mtu": fabric_roce_mtu,
+            "fabric_rdma_usable": fabric_rdma_usable,
+            "fabric_rdma_reads": fabric_rdma_reads,
+            "fabric_rdma_report": fabric_rdma_report,
         }

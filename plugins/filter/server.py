@@ -708,6 +708,14 @@ def _check_scalars(ctx, errors):
             "Fix: give a list, or [] to let NCCL choose."
         )
 
+    gid_index = ctx.get("server_nccl_ib_gid_index")
+    if gid_index not in (None, "") and not (str(gid_index).isdigit() and int(gid_index) <= 255):
+        errors.append(
+            f"server_nccl_ib_gid_index = {inputs.shown(gid_index)}: must be a GID table index from 0 to 255 "
+            "(show_gids lists them), or empty. Fix: leave it to the fabric role, which reads the index of the RoCE v2 "
+            "GID of the fabric address, or give that index."
+        )
+
     key = ctx.get("server_api_key")
     if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n\x00")):
         # The value itself is a secret: never quote it.

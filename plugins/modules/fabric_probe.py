@@ -72,6 +72,14 @@ options:
     description: ICMP payload of the full-size pings (the MTU less 28); a peer that does not answer them gets small ones.
     type: int
     default: 0
+  rdma:
+    description:
+      - Read every RDMA device's ports (state, physical state, link layer, the GID table with each entry's type and
+        netdev) from C(/sys/class/infiniband), and the active and maximum MTU of each port from C(ibv_devinfo)
+        (rdma-core's C(ibverbs-utils)), for the proof that NCCL can use RoCE on the fabric port.
+    type: bool
+    default: false
+    version_added: "1.6.0"
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - dgx_spark.llm_serving.read_only
@@ -115,6 +123,17 @@ hcas:
   returned: always
   type: list
   elements: str
+rdma:
+  description:
+    - Where O(rdma) is set, C({devices, devinfo}). C(devices) has one C({name, netdevs, ports}) per RDMA device;
+      each port is C({port, state, phys_state, link_layer, gids, active_mtu, max_mtu}), the states as the kernel
+      names them (C(ACTIVE), C(DOWN), C(LinkUp), ...), C(gids) the used entries of the GID table, each
+      C({index, gid, type, ndev}) (C(type) C(RoCE v2) or C(IB/RoCE v1)), and the MTUs as C(ibv_devinfo) reports
+      them in bytes (null where it could not be read).
+    - C(devinfo) is C(ibv_devinfo)'s C({rc, stdout, stderr}) (127 when it is not installed; not run, and empty,
+      where there is no RDMA device).
+  returned: always
+  type: dict
 host_keys:
   description: The host public keys found, in O(host_key_types) order, each C({type, content}).
   returned: always
@@ -158,7 +177,13 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import path_facts
 
 NETDEVS = "/sys/class/net"
+RDMA_DEVICES = "/sys/class/infiniband"
 UFW_ACTIVE = re.compile(r"^Status: active", re.MULTILINE)
+# ibv_devinfo's blocks: "hca_id:\t<device>", then per port "port:\t<n>" and its "active_mtu:\t\t4096 (5)".
+DEVINFO_HCA = re.compile(r"^hca_id:\s*(\S+)")
+DEVINFO_PORT = re.compile(r"^\s+port:\s*(\d+)")
+DEVINFO_MTU = re.compile(r"^\s+(active_mtu|max_mtu):\s*(\d+)")
+UNUSED_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
 def _run(module, *argv):
@@ -193,6 +218,58 @@ def _has_carrier(interface):
         return False
 
 
+def _sysfs_value(path):
+    """A sysfs attribute without its numeric prefix: "4: ACTIVE" -> "ACTIVE"; None where it cannot be read
+    (the kernel answers EINVAL for the type of an unused GID entry)."""
+    text = _read(path)
+    if text is None:
+        return None
+    return text.strip().split(": ", 1)[-1]
+
+
+def _devinfo_mtus(text):
+    """{(device, port): {active_mtu, max_mtu}} from ibv_devinfo's output."""
+    out, device, port = {}, None, None
+    for line in text.splitlines():
+        if m := DEVINFO_HCA.match(line):
+            device, port = m.group(1), None
+        elif m := DEVINFO_PORT.match(line):
+            port = int(m.group(1))
+            out[(device, port)] = {"active_mtu": None, "max_mtu": None}
+        elif (m := DEVINFO_MTU.match(line)) and (device, port) in out:
+            out[(device, port)][m.group(1)] = int(m.group(2))
+    return out
+
+
+def _rdma(module):
+    """Every RDMA device's ports as the kernel and ibv_devinfo report them."""
+    names = sorted(os.listdir(RDMA_DEVICES)) if os.path.isdir(RDMA_DEVICES) else []
+    if not names:
+        return {"devices": [], "devinfo": {}}
+    devinfo = _run(module, "ibv_devinfo")
+    mtus = _devinfo_mtus(devinfo["stdout"]) if devinfo["rc"] == 0 else {}
+    devices = []
+    for name in names:
+        base = f"{RDMA_DEVICES}/{name}"
+        netdevs = sorted(os.listdir(f"{base}/device/net")) if os.path.isdir(f"{base}/device/net") else []
+        ports = []
+        for port in sorted(os.listdir(f"{base}/ports"), key=int) if os.path.isdir(f"{base}/ports") else []:
+            pbase = f"{base}/ports/{port}"
+            gids = []
+            for index in sorted(os.listdir(f"{pbase}/gids"), key=int) if os.path.isdir(f"{pbase}/gids") else []:
+                gid = (_read(f"{pbase}/gids/{index}") or "").strip()
+                kind = _sysfs_value(f"{pbase}/gid_attrs/types/{index}")
+                if gid and gid != UNUSED_GID and kind:
+                    gids.append({"index": int(index), "gid": gid, "type": kind,
+                                 "ndev": _sysfs_value(f"{pbase}/gid_attrs/ndevs/{index}") or ""})
+            ports.append({"port": int(port), "state": _sysfs_value(f"{pbase}/state") or "",
+                          "phys_state": _sysfs_value(f"{pbase}/phys_state") or "",
+                          "link_layer": _sysfs_value(f"{pbase}/link_layer") or "", "gids": gids,
+                          **mtus.get((name, int(port)), {"active_mtu": None, "max_mtu": None})})
+        devices.append({"name": name, "netdevs": netdevs, "ports": ports})
+    return {"devices": devices, "devinfo": devinfo}
+
+
 def _pings(module, interface, size, peers):
     """The role's full-size DF pings, and small ones where those failed (MTU trouble or no path at all)."""
     if not interface or not peers or not _has_carrier(interface):
@@ -223,6 +300,7 @@ def main():
             "checksum_paths": {"type": "list", "elements": "str", "default": []},
             "ping_interface": {"type": "str", "default": ""},
             "ping_size": {"type": "int", "default": 0},
+            "rdma": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -257,6 +335,7 @@ def main():
         authorized_keys=[line.strip() for line in (authorized or "").splitlines() if line.strip()],
         stats={path: _stat(path, checksum=path in p["checksum_paths"]) for path in p["stat_paths"]},
         pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
+        rdma=_rdma(module) if p["rdma"] else {},
     )
 
 

@@ -138,3 +138,104 @@ def test_peer_port_is_the_last_reading_of_its_own_play():
     assert fabric.fabric_peer_port("spark-1", skipped, ["spark-1"], "enp1s0f1np1")["port"]["mtu"] == 9000
     assert fabric.fabric_peer_port("spark-1", {}, ["spark-0"], "enp1s0f1np1") == {
         "host": "spark-1", "in_play": False, "port": None}
+
+
+# ---- RoCE: what NCCL can use on the fabric port, and why not --------------------------------------------------
+
+IFACE, ADDR = "enp1s0f1np1", "10.232.1.10"
+MAPPED = "0000:0000:0000:0000:0000:ffff:0ae8:010a"  # ::ffff:10.232.1.10, as sysfs writes it
+LINK_LOCAL = "fe80:0000:0000:0000:0a00:27ff:fe00:0001"
+
+
+def rdma(*, state="ACTIVE", phys="LinkUp", v2=True, active=4096, max_mtu=4096, netdev=IFACE, devinfo_rc=0, address=True):
+    gids = [{"index": 0, "gid": LINK_LOCAL, "type": "IB/RoCE v1", "ndev": netdev}]
+    if v2:
+        gids.append({"index": 1, "gid": LINK_LOCAL, "type": "RoCE v2", "ndev": netdev})
+    if address:
+        gids.append({"index": len(gids), "gid": MAPPED, "type": "IB/RoCE v1", "ndev": netdev})
+        if v2:
+            gids.append({"index": len(gids), "gid": MAPPED, "type": "RoCE v2", "ndev": netdev})
+    port = {"port": 1, "state": state, "phys_state": phys, "link_layer": "Ethernet", "gids": gids,
+            "active_mtu": active if devinfo_rc == 0 else None, "max_mtu": max_mtu if devinfo_rc == 0 else None}
+    return {"devices": [{"name": "rocep1s0f1", "netdevs": [netdev], "ports": [port]}],
+            "devinfo": {"rc": devinfo_rc, "stdout": "", "stderr": ""}}
+
+
+@pytest.mark.parametrize(("netdev_mtu", "roce"), [(9000, 4096), (4200, 4096), (4191, 2048), (1500, 1024), (600, 256)])
+def test_roce_mtu_is_the_largest_ib_mtu_that_fits_after_the_roce_headers(netdev_mtu, roce):
+    assert fabric.fabric_roce_mtu(netdev_mtu) == roce
+
+
+def test_a_usable_device_gives_the_ranks_its_name_and_the_v2_gid_index_of_the_fabric_address():
+    assert fabric.fabric_rdma_usable(rdma(), IFACE, ADDR) == {"hcas": ["rocep1s0f1"], "gid_index": 3}
+    report = fabric.fabric_rdma_report({"spark-0": rdma(), "spark-1": rdma()}, "spark-0", IFACE, ADDR, 9000)
+    assert report["warnings"] == []
+    assert report["lines"] == [f"rocep1s0f1 port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ADDR})"]
+
+
+@pytest.mark.parametrize(("reading", "cause"), [
+    ({"devices": [], "devinfo": {}}, "no RDMA device at all"),
+    (rdma(netdev="enP2p1s0f1np1"), f"no RDMA device behind {IFACE}"),
+    (rdma(state="DOWN", phys="Disabled"), "has no link"),
+    (rdma(state="DOWN"), "the driver keeps the RDMA port down"),
+    (rdma(v2=False), "only in a GID of type IB/RoCE v1 (index 1)"),
+    (rdma(address=False), f"has no GID for {ADDR}"),
+])
+def test_each_cause_of_a_socket_fallback_is_named_and_nothing_is_given_to_nccl(reading, cause):
+    assert fabric.fabric_rdma_usable(reading, IFACE, ADDR) == {"hcas": [], "gid_index": None}
+    report = fabric.fabric_rdma_report({"spark-0": reading}, "spark-0", IFACE, ADDR, 9000)
+    assert len(report["warnings"]) == 1, report
+    assert cause in report["warnings"][0] and "falls back to its socket transport" in report["warnings"][0], report
+
+
+def test_an_active_mtu_below_the_fabric_mtu_or_a_peers_is_a_warning_that_still_gives_rdma():
+    capped = fabric.fabric_rdma_report({"spark-0": rdma(active=1024, max_mtu=1024), "spark-1": rdma()},
+                                       "spark-0", IFACE, ADDR, 9000)
+    assert capped["usable"]["hcas"] == ["rocep1s0f1"]
+    assert [w for w in capped["warnings"] if "active MTU of 1024, not the 4096" in w and "maximum is 1024" in w]
+    assert [w for w in capped["warnings"] if "spark-1 has 4096: RDMA between them runs at 1024" in w]
+    peer = fabric.fabric_rdma_report({"spark-0": rdma(), "spark-1": rdma(active=1024, max_mtu=1024)},
+                                     "spark-0", IFACE, ADDR, 9000)
+    assert [w for w in peer["warnings"] if "spark-1 has 1024" in w] and len(peer["warnings"]) == 1
+
+
+def test_without_ibv_devinfo_the_active_mtu_is_a_line_not_a_guess():
+    report = fabric.fabric_rdma_report({"spark-0": rdma(devinfo_rc=127)}, "spark-0", IFACE, ADDR, 9000)
+    assert report["warnings"] == []
+    assert any("ibv_devinfo is not installed (apt install ibverbs-utils)" in line for line in report["lines"])
+
+
+def test_the_newest_reading_is_the_one_taken_again_after_a_change():
+    hostvars = {"a": {"__fabric_probe": {"rdma": {"devices": []}}, "__fabric_reread": {"rdma": rdma()}},
+                "b": {"__fabric_probe": {"rdma": rdma()}, "__fabric_reread": {"skipped": True}}}
+    reads = fabric.fabric_rdma_reads(["a", "b"], hostvars)
+    assert reads == {"a": rdma(), "b": rdma()}
+
+
+DEVINFO = """hca_id:\trocep1s0f1
+\ttransport:\t\t\tInfiniBand (0)
+\tfw_ver:\t\t\t\t28.45.4028
+\tphys_port_cnt:\t\t\t1
+\t\tport:\t1
+\t\t\tstate:\t\t\tPORT_ACTIVE (4)
+\t\t\tmax_mtu:\t\t4096 (5)
+\t\t\tactive_mtu:\t\t1024 (3)
+\t\t\tlink_layer:\t\tEthernet
+
+hca_id:\troceP2p1s0f1
+\ttransport:\t\t\tInfiniBand (0)
+\t\tport:\t1
+\t\t\tstate:\t\t\tPORT_DOWN (1)
+\t\t\tmax_mtu:\t\t4096 (5)
+\t\t\tactive_mtu:\t\t4096 (5)
+"""
+
+
+def test_the_probe_reads_each_ports_mtus_from_ibv_devinfo():
+    from tests.lib.role_module import collection_importable, module_path  # noqa: PLC0415 - the module needs the collection
+    collection_importable()
+    probe_spec = importlib.util.spec_from_file_location("fabric_probe", module_path("fabric_probe"))
+    probe = importlib.util.module_from_spec(probe_spec)
+    probe_spec.loader.exec_module(probe)
+    assert probe._devinfo_mtus(DEVINFO) == {("rocep1s0f1", 1): {"active_mtu": 1024, "max_mtu": 4096},
+                                            ("roceP2p1s0f1", 1): {"active_mtu": 4096, "max_mtu": 4096}}
