@@ -36,6 +36,8 @@ CACHE_ROOT = Path(os.environ.get("SPARK_SIM_CACHE", "/var/cache/spark-sim"))
 
 MGMT_IFACE = "enP7s7"  # the DGX Spark's onboard 10GbE port
 FABRIC_IFACE = "enp1s0f1np1"  # the ConnectX-7 port NVIDIA's two-Spark guide cables
+# Its RDMA device, as mlx5 names it (the RoCE stand-in: tests/standins/units/spark-sim-roce.service).
+ROCE_HCA = "rocep1s0f1"
 # Two /16s no ordinary site uses; one /24 of each per cluster instance.
 MGMT_BASE = "10.231"
 FABRIC_BASE = "10.232"

@@ -36,6 +36,10 @@ IPERF_INCLUDE = "Measure fabric bandwidth from the head to each worker"
 BANDWIDTH_TASK = "Check the bandwidth against the minimum"
 TRUST_INCLUDE = "Set up the head's SSH trust to every worker"
 TRUST_PROOF_TASK = "Prove that the head reaches each worker over the fabric with the pinned key"
+RDMA_TASK = "Show whether NCCL can use RoCE on the fabric port, and why not"
+HCA = "rocep1s0f1"
+# The RoCE stand-in's settings as a node boots (tests/standins/README.md).
+ROCE_DEFAULTS = {"roce_v2": True, "port_state": "auto", "max_mtu": 4096}
 
 
 def messages(result) -> str:
@@ -229,9 +233,16 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
         ip = next(n.fabric_ip for n in fresh.nodes if n.name == host)
         assert facts["fabric_socket_ifname"] == IFACE
         assert facts["fabric_host_ip"] == ip
-        assert facts["fabric_ib_hcas"] == []  # no /sys/class/infiniband in the simulation
+        # The RoCE device behind the port (the stand-in's), read again after netplan apply gave the port its
+        # address and MTU: ACTIVE, RDMA at 4096, the RoCE v2 GID of the new address (index 3: after the link-local
+        # v1 and v2 entries and the address's v1 one).
+        assert facts["fabric_ib_hcas"] == [HCA]
+        assert facts["fabric_ib_gid_index"] == "3"
         assert facts["fabric_env"] == {"NCCL_SOCKET_IFNAME": IFACE, "GLOO_SOCKET_IFNAME": IFACE,
-                                       "TP_SOCKET_IFNAME": IFACE, "SGLANG_HOST_IP": ip}
+                                       "TP_SOCKET_IFNAME": IFACE, "SGLANG_HOST_IP": ip,
+                                       "NCCL_IB_HCA": HCA, "NCCL_IB_GID_INDEX": "3"}
+        said = first.results(RDMA_TASK)[host]["msg"]
+        assert said == f"{host}: {HCA} port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ip}).", said
 
     second = run_playbook(PLAYBOOK, sim_inventory)
     assert second.rc == 0, second.failure_messages()
@@ -416,6 +427,56 @@ def test_proof_names_the_same_subnet_on_two_interfaces(configured, sim_inventory
         sim.ssh(worker, f"ip addr del {twin}/25 dev enP7s7")
     # The refused run changed nothing and the planted address is gone: still the converged pair.
     _pair["converged"] = result.changed == []
+
+
+def roce(cluster, node, **knobs) -> None:
+    """Set the node's RoCE stand-in knobs; its reload returns once its tree shows them (tests/standins/README.md)."""
+    sim.set_knobs(cluster.instance, node.name, {"roce": knobs})
+    sim.ssh(node, "systemctl reload spark-sim-roce")
+
+
+def test_each_cause_that_keeps_nccl_off_rdma_is_named(configured, sim_inventory):
+    """NCCL given no usable RoCE device serves over sockets without failing. The proof names each cause: a port
+    the driver keeps down (spark-0), a device without RoCE v2 (spark-1), then a port whose MTU is capped; the
+    ranks get no RDMA device they cannot use; with fabric_rdma_required the run fails on the same causes."""
+    head, worker = configured.nodes
+    try:
+        roce(configured, head, port_state="DOWN")
+        roce(configured, worker, roce_v2=False)
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+        assert result.rc == 0 and result.changed == [], messages(result) or result.stdout[-4000:]
+        said = {h: r["msg"] for h, r in result.results(RDMA_TASK).items()}
+        assert f"{HCA} port 1 ({IFACE}): DOWN, active MTU 4096, RoCE v2 GID index 3" in said[head.name], said
+        assert "although enp1s0f1np1 has its link: the driver keeps the RDMA port down" in said[head.name], said
+        assert f"has {worker.fabric_ip} only in a GID of type IB/RoCE v1" in said[worker.name], said
+        assert all("WARNING:" in m and "falls back to its socket transport" in m for m in said.values()), said
+        for host, res in result.results(FACTS_TASK).items():
+            facts = res["ansible_facts"]
+            assert (facts["fabric_ib_hcas"], facts["fabric_ib_gid_index"]) == ([], ""), host
+            assert "NCCL_IB_HCA" not in facts["fabric_env"] and "NCCL_IB_GID_INDEX" not in facts["fabric_env"], host
+
+        required = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_rdma_required": True})
+        assert required.rc != 0 and required.changed == []
+        assert {d["host"] for d in required.failed} == {head.name, worker.name}
+        assert {d["task"] for d in required.failed} == {RDMA_TASK}
+        message = messages(required)
+        assert "the driver keeps the RDMA port down" in message and "only in a GID of type IB/RoCE v1" in message
+        assert "fabric_rdma_required is true: the ranks would run without RDMA" in message
+
+        roce(configured, head, port_state="auto")
+        roce(configured, worker, roce_v2=True, max_mtu=1024)
+        capped = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_rdma_required": True})
+        assert capped.rc == 0 and capped.changed == [], messages(capped)
+        said = {h: r["msg"] for h, r in capped.results(RDMA_TASK).items()}
+        assert "runs RDMA at an active MTU of 1024, not the 4096 that the fabric MTU 9000 allows: the port's maximum " \
+               "is 1024" in said[worker.name], said
+        assert f"active MTU 4096, {worker.name} has 1024: RDMA between them runs at 1024" in said[head.name], said
+        assert "falls back" not in said[head.name] + said[worker.name]
+        # Still RDMA, at the smaller MTU: the ranks get the device.
+        assert all(r["ansible_facts"]["fabric_ib_hcas"] == [HCA] for r in capped.results(FACTS_TASK).values())
+    finally:
+        for n in configured.nodes:
+            roce(configured, n, **ROCE_DEFAULTS)
 
 
 def test_what_a_run_cannot_repair_is_named_by_its_cause(configured, sim_inventory):

@@ -6,12 +6,15 @@ Nodes are observed over SSH, like an operator would, never through nsenter
 
 from __future__ import annotations
 
+import ipaddress
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib import node_state
 
 # These tests look at freshly booted nodes and change nothing (tests/conftest.py checks).
 pytestmark = pytest.mark.shared_nodes
@@ -104,6 +107,58 @@ def test_nvidia_smi_standin_answers_like_a_gb10_and_fails_like_one(sim_cluster):
     finally:
         sim.set_knobs(sim_cluster.instance, node.name, {"gpu": {"present": True, "installed": True}})
     assert sh(node, q).startswith("NVIDIA GB10")
+
+
+def until(node, path, expected, timeout=10.0):
+    """What `path` on the node reads once it reads `expected`, or at the deadline (polled on the node)."""
+    want, f = shlex.quote(expected), shlex.quote(path)
+    script = (f"end=$(($(date +%s%N) + {int(timeout * 1e9)})); while :; do v=$(cat {f} 2>&1); "
+              f'[ "$v" = {want} ] || [ $(date +%s%N) -gt $end ] && break; sleep 0.05; done; printf %s "$v"')
+    return sh(node, script, check=False)
+
+
+def test_roce_standin_follows_the_fabric_port_and_its_knobs(sim_cluster):
+    node, dev = sim_cluster.nodes[0], sim.FABRIC_IFACE
+    hca = f"/sys/class/infiniband/{sim.ROCE_HCA}"
+    port = f"{hca}/ports/1"
+    devinfo = f"ibv_devinfo -d {sim.ROCE_HCA} -i 1"
+    # The product's own discovery: the HCAs whose netdev is the fabric port.
+    assert sh(node, "ls -d /sys/class/infiniband/*/device/net/*").split() == [f"{hca}/device/net/{dev}"]
+    assert sh(node, f"cat {port}/state {port}/phys_state {port}/link_layer").splitlines() == [
+        "4: ACTIVE", "5: LinkUp", "Ethernet"]
+    gid = "0000:0000:0000:0000:0000:ffff:" + ipaddress.IPv4Address(node.fabric_ip).packed.hex(":", 2)
+    saved = node_state.knobs_of(sim_cluster)
+    try:
+        sh(node, f"ip addr add {node.fabric_ip}/24 dev {dev}")
+        assert until(node, f"{port}/gids/3", gid) == gid
+        assert sh(node, f"cat {port}/gid_attrs/types/3 {port}/gid_attrs/ndevs/3").split("\n")[:2] == ["RoCE v2", dev]
+        sh(node, f"ip link set {dev} down")
+        assert until(node, f"{port}/state", "1: DOWN") == "1: DOWN"
+        assert sh(node, f"cat {port}/phys_state").strip() == "3: Disabled"
+        assert "state:\t\t\tPORT_DOWN (1)" in sh(node, devinfo)
+        sh(node, f"ip link set {dev} up")
+        assert until(node, f"{port}/state", "4: ACTIVE") == "4: ACTIVE"
+        assert "\t\t\tactive_mtu:\t\t1024 (3)\n" in sh(node, devinfo)
+        sh(node, f"ip link set {dev} mtu 9000")
+        out = sh(node, devinfo)
+        assert "\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t4096 (5)\n" in out, out
+        # A reload (Type=notify-reload) returns once the tree follows the knobs: nothing to wait for.
+        sim.set_knobs(sim_cluster.instance, node.name, {"roce": {"roce_v2": False}})
+        sh(node, "systemctl reload spark-sim-roce")
+        types = sh(node, f"cat {port}/gid_attrs/types/*")
+        assert "RoCE v2" not in types and types.count("IB/RoCE v1") == 2, types
+        assert sh(node, f"cat {port}/gids/1").strip() == gid
+        sim.set_knobs(sim_cluster.instance, node.name, {"roce": {"hcas": {}}})
+        sh(node, "systemctl reload spark-sim-roce")
+        assert sh(node, "test -e /sys/class/infiniband; echo $?").strip() == "1"
+        out = sh(node, "ibv_devinfo 2>&1; echo rc=$?", check=False)
+        assert out == "Failed to get IB devices list: Function not implemented\nrc=255\n", out
+    finally:
+        sh(node, f"ip addr del {node.fabric_ip}/24 dev {dev}; ip link set {dev} mtu 1500 up", check=False)
+        node_state.restore_knobs(sim_cluster, saved)
+        sh(node, "systemctl reload spark-sim-roce")
+    assert until(node, f"{port}/state", "4: ACTIVE") == "4: ACTIVE"
+    assert sh(node, f"ls {port}/gid_attrs/types").split() == ["0", "1"]
 
 
 @pytest.mark.timeout_hint(120)

@@ -92,7 +92,9 @@ def test_env_file_is_private(host):
     assert f"NCCL_SOCKET_IFNAME={v['spark_fabric_interface']}" in f.content_string
     assert "HF_HUB_OFFLINE=1" in f.content_string
     settings = [line for line in f.content_string.splitlines() if line and not line.startswith("#")]
-    assert not [line for line in settings if line.startswith("NCCL_IB_GID_INDEX=")]
+    # The RoCE device behind the fabric port and the index of the RoCE v2 GID of the fabric address.
+    assert "NCCL_IB_HCA=rocep1s0f1" in settings
+    assert "NCCL_IB_GID_INDEX=3" in settings
 
 
 @pytest.mark.parametrize(("flag", "value"), SEED_FLAGS, ids=[f for f, _ in SEED_FLAGS])
