@@ -412,6 +412,48 @@ def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
     return {"usable": usable, "lines": lines, "warnings": warnings}
 
 
+def fabric_rdma_pairs(reads, head, workers, interface, *, ips, port) -> dict:
+    """What the RDMA bandwidth proof measures: {pairs, unmeasured}.
+
+    pairs: one {worker, address, head_hca, head_gid, worker_hca, worker_gid, port} per rail usable on both the
+    head and a worker (the n-th usable device of each, by name; each pair its own port from `port` up);
+    unmeasured: [sentence] for a worker that has a usable rail but where ib_write_bw is missing on either end.
+    A worker without a usable rail is not measured: the proof's warning already names why.
+    """
+    reads = reads or {}
+    head_read = reads.get(head) or {}
+    mine = fabric_rdma_usable(head_read, interface, ips.get(head))
+    pairs, unmeasured = [], []
+    for worker in workers:
+        read = reads.get(worker) or {}
+        theirs = fabric_rdma_usable(read, interface, ips.get(worker))
+        rails = list(zip(mine["hcas"], theirs["hcas"], strict=False))
+        if not rails:
+            continue
+        missing = [h for h, r in ((head, head_read), (worker, read)) if not r.get("ib_write_bw")]
+        if missing:
+            unmeasured.append(f"{head} -> {worker}: RDMA bandwidth not measured: ib_write_bw is not installed on "
+                              f"{' and '.join(missing)} (apt install perftest)")
+            continue
+        for head_hca, worker_hca in rails:
+            pairs.append({"worker": worker, "address": ips.get(worker), "head_hca": head_hca,
+                          "head_gid": mine["gid_index"], "worker_hca": worker_hca, "worker_gid": theirs["gid_index"],
+                          "port": int(port) + len(pairs)})
+    return {"pairs": pairs, "unmeasured": unmeasured}
+
+
+def fabric_write_bw_gbps(stdout):
+    """ib_write_bw's average bandwidth (--report_gbits) from its result line, None where there is none."""
+    for line in reversed(str(stdout or "").splitlines()):
+        fields = line.split()
+        if len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit():
+            try:
+                return float(fields[3])
+            except ValueError:
+                return None
+    return None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -433,4 +475,6 @@ class FilterModule:
             "fabric_rdma_usable": fabric_rdma_usable,
             "fabric_rdma_reads": fabric_rdma_reads,
             "fabric_rdma_report": fabric_rdma_report,
+            "fabric_rdma_pairs": fabric_rdma_pairs,
+            "fabric_write_bw_gbps": fabric_write_bw_gbps,
         }

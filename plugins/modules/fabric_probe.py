@@ -132,6 +132,7 @@ rdma:
       them in bytes (null where it could not be read).
     - C(devinfo) is C(ibv_devinfo)'s C({rc, stdout, stderr}) (127 when it is not installed; not run, and empty,
       where there is no RDMA device).
+    - C(ib_write_bw) is the path of perftest's C(ib_write_bw), empty where it is not installed.
   returned: always
   type: dict
 host_keys:
@@ -244,8 +245,9 @@ def _devinfo_mtus(text):
 def _rdma(module):
     """Every RDMA device's ports as the kernel and ibv_devinfo report them."""
     names = sorted(os.listdir(RDMA_DEVICES)) if os.path.isdir(RDMA_DEVICES) else []
+    perftest = module.get_bin_path("ib_write_bw") or ""
     if not names:
-        return {"devices": [], "devinfo": {}}
+        return {"devices": [], "devinfo": {}, "ib_write_bw": perftest}
     devinfo = _run(module, "ibv_devinfo")
     mtus = _devinfo_mtus(devinfo["stdout"]) if devinfo["rc"] == 0 else {}
     devices = []
@@ -267,7 +269,7 @@ def _rdma(module):
                           "link_layer": _sysfs_value(f"{pbase}/link_layer") or "", "gids": gids,
                           **mtus.get((name, int(port)), {"active_mtu": None, "max_mtu": None})})
         devices.append({"name": name, "netdevs": netdevs, "ports": ports})
-    return {"devices": devices, "devinfo": devinfo}
+    return {"devices": devices, "devinfo": devinfo, "ib_write_bw": perftest}
 
 
 def _pings(module, interface, size, peers):

@@ -239,3 +239,28 @@ def test_the_probe_reads_each_ports_mtus_from_ibv_devinfo():
     probe_spec.loader.exec_module(probe)
     assert probe._devinfo_mtus(DEVINFO) == {("rocep1s0f1", 1): {"active_mtu": 1024, "max_mtu": 4096},
                                             ("roceP2p1s0f1", 1): {"active_mtu": 4096, "max_mtu": 4096}}
+
+
+def test_rails_usable_on_both_ends_are_measured_each_on_a_port_of_its_own():
+    ips = {"spark-0": ADDR, "spark-1": ADDR, "spark-2": ADDR}
+    perftest = {"ib_write_bw": "/usr/bin/ib_write_bw"}
+    reads = {"spark-0": {**rdma(), **perftest}, "spark-1": {**rdma(), **perftest},
+             "spark-2": {**rdma(state="DOWN"), **perftest}}
+    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1", "spark-2"], IFACE, ips=ips, port=18515)
+    # spark-2's rail is not usable: its own warning says why, and nothing is measured there.
+    assert plan == {"unmeasured": [], "pairs": [
+        {"worker": "spark-1", "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3, "worker_hca": "rocep1s0f1",
+         "worker_gid": 3, "port": 18515}]}
+    reads["spark-1"] = rdma()
+    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], IFACE, ips=ips, port=18515)
+    assert plan["pairs"] == []
+    assert plan["unmeasured"] == ["spark-0 -> spark-1: RDMA bandwidth not measured: ib_write_bw is not installed on "
+                                  "spark-1 (apt install perftest)"]
+
+
+def test_the_write_bandwidth_is_the_average_of_the_result_line():
+    out = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+           " 65536      18600            97.63              97.50  \t\t   0.185967\n"
+           "---------------------------------------------------------------------------------------\n")
+    assert fabric.fabric_write_bw_gbps(out) == 97.5
+    assert fabric.fabric_write_bw_gbps("Couldn't connect to 10.0.0.1:18515") is None
