@@ -37,6 +37,8 @@ BANDWIDTH_TASK = "Check the bandwidth against the minimum"
 TRUST_INCLUDE = "Set up the head's SSH trust to every worker"
 TRUST_PROOF_TASK = "Prove that the head reaches each worker over the fabric with the pinned key"
 RDMA_TASK = "Show whether NCCL can use RoCE on the fabric port, and why not"
+RDMA_BW_INCLUDE = "Measure RDMA write bandwidth from the head to each worker"
+RDMA_BW_TASK = "Show the RDMA bandwidth of each rail and check it against the minimum"
 HCA = "rocep1s0f1"
 # The RoCE stand-in's settings as a node boots (tests/standins/README.md).
 ROCE_DEFAULTS = {"roce_v2": True, "port_state": "auto", "max_mtu": 4096}
@@ -243,6 +245,11 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
                                        "NCCL_IB_HCA": HCA, "NCCL_IB_GID_INDEX": "3"}
         said = first.results(RDMA_TASK)[host]["msg"]
         assert said == f"{host}: {HCA} port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ip}).", said
+    # RDMA moved data between the rails the ranks are given (the stand-in's figure; its exchange is real TCP
+    # between the fabric addresses).
+    (measured,) = first.results(RDMA_BW_TASK)["spark-0"]["results"]
+    assert measured["msg"] == (f"spark-0 {HCA} -> spark-1 {HCA}: RDMA write 97.50 Gbit/s "
+                               "(no minimum set: fabric_rdma_min_gbps)."), measured
 
     second = run_playbook(PLAYBOOK, sim_inventory)
     assert second.rc == 0, second.failure_messages()
@@ -252,6 +259,7 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     # the trust read in place by the probes and not set up again.
     assert skipped(second, NETPLAN_TASK) == {"spark-0", "spark-1"}
     assert skipped(second, IPERF_INCLUDE) == {"spark-0", "spark-1"}
+    assert skipped(second, RDMA_BW_INCLUDE) == {"spark-0", "spark-1"}
     assert second.results(BANDWIDTH_TASK) == {}
     assert skipped(second, TRUST_INCLUDE) == {"spark-0", "spark-1"}
     assert second.results(TRUST_PROOF_TASK) == {}
@@ -260,6 +268,12 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     assert asked.rc == 0, asked.failure_messages()
     assert asked.changed == []
     assert asked.results(BANDWIDTH_TASK)["spark-0"].get("skipped") is not True
+    # So is the RDMA bandwidth, and a floor above it fails the proof with the figure.
+    floor = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_rdma_bw_always": True, "fabric_rdma_min_gbps": 150,
+                                                             "fabric_iperf_min_gbps": 0})
+    assert floor.rc != 0 and floor.changed == []
+    said = " ".join(messages(floor).split())
+    assert f"spark-0 {HCA} -> spark-1 {HCA} over {IFACE}: 97.50 Gbit/s, below fabric_rdma_min_gbps 150" in said, said
 
     again = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
     assert again.rc == 0, again.failure_messages()
