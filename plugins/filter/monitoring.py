@@ -31,7 +31,7 @@ HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")
 # Every alert the rules hold, by its key in monitoring_alert_for.
 ALERT_FOR_KEYS = (
     "endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
-    "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale",
+    "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale", "fabric_without_rdma",
 )
 # The supervisor's states (roles/supervisor/files/spark_llm_supervisor.py, STATES), as the node
 # collector exports them.
@@ -431,6 +431,16 @@ def monitoring_rules(ctx):
              "GPU temperature and filesystem alerts are blind there.",
              "Run playbooks/preflight.yml (nvidia-smi, the driver), then playbooks/monitoring.yml (the collector's "
              "timer, spark-llm-monitoring-collector.timer)."),
+        rule("SparkFabricWithoutRdma",
+             "spark_rdma_fabric_ports_usable == 0",
+             "fabric_without_rdma", "warning",
+             "NCCL on {{ $labels.node }} has no usable RDMA port behind {{ $labels.netdev }}",
+             "No RDMA port behind the fabric interface {{ $labels.netdev }} on {{ $labels.node }} is ACTIVE with a "
+             "RoCE v2 GID of its address: NCCL does not fail, it falls back to its socket transport, about a tenth "
+             "of the link's all-reduce bandwidth, and the whole TP group slows with this rank.",
+             "Run playbooks/fabric.yml: its proof names the cause (no RDMA device or none behind the interface, a "
+             "port not ACTIVE, no RoCE v2 GID, an MTU) and repairs the link where it can; then playbooks/restart.yml, "
+             "so that the ranks start with the usable devices in their environment (NCCL_IB_HCA)."),
     ]
     return {"groups": [{"name": "spark-llm-tp-group", "rules": rules}]}
 

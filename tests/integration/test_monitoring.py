@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow
 
 MONITORING = "playbooks/monitoring.yml"
 ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
-              "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale")
+              "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale",
+              "fabric_without_rdma")
 CONFIG_DIR = "/etc/prometheus/spark"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"
@@ -216,6 +217,9 @@ def test_gpu_and_node_figures_and_every_dashboard_metric_are_in_prometheus(site)
     units = {m["node"]: v for m, v in value(site, 'node_systemd_unit_state{name="spark-llm.service",state="active"}')}
     assert units == {head.name: 1.0, worker.name: 1.0}
     assert {m["purpose"] for m, _ in value(site, f'spark_filesystem_size_bytes{{node="{head.name}"}}')} == {"model", "root"}
+    # The RoCE device behind each fabric port (the stand-in's), ACTIVE with the RoCE v2 GID of its address.
+    usable = {m["node"]: (m["netdev"], v) for m, v in value(site, "spark_rdma_fabric_ports_usable")}
+    assert usable == {head.name: (sim.FABRIC_IFACE, 1.0), worker.name: (sim.FABRIC_IFACE, 1.0)}, usable
     # Every metric a dashboard panel uses is a name Prometheus holds (the supervisor is off here, and no alert fired yet).
     names = set(prometheus(site, "label/__name__/values"))
     used = set()

@@ -270,6 +270,39 @@ def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(
         holder.wait()
 
 
+def rdma_port(root, device, netdev, *, state, gids):
+    """An RDMA device's port as sysfs shows it (the RoCE stand-in's layout): gids maps index -> (gid, type)."""
+    (root / device / "device" / "net" / netdev).mkdir(parents=True)
+    port = root / device / "ports" / "1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True)
+    (port / "state").write_text(f"{state}\n")
+    for index, (gid, kind) in gids.items():
+        (port / "gids" / str(index)).write_text(gid + "\n")
+        (port / "gid_attrs/types" / str(index)).write_text(kind + "\n")
+        (port / "gid_attrs/ndevs" / str(index)).write_text(netdev + "\n")
+
+
+def test_the_collector_counts_the_rdma_ports_nccl_can_use_behind_the_fabric_interface(tmp_path):
+    mapped = "0000:0000:0000:0000:0000:ffff:0ae8:010a"
+    rdma = tmp_path / "infiniband"
+    rdma_port(rdma, "rocep1s0f1", "enp1s0f1np1", state="4: ACTIVE",
+              gids={2: (mapped, "IB/RoCE v1"), 3: (mapped, "RoCE v2")})
+    rdma_port(rdma, "roceP2p1s0f1", "enP2p1s0f1np1", state="1: DOWN", gids={})
+    args = ("--fabric-interface", "enp1s0f1np1", "--rdma-class", str(rdma))
+    found = collect(tmp_path, *args)
+    assert sample(found, "spark_rdma_port_active", device="rocep1s0f1", port="1", netdev="enp1s0f1np1") == 1
+    assert sample(found, "spark_rdma_port_active", device="roceP2p1s0f1", port="1", netdev="enP2p1s0f1np1") == 0
+    assert sample(found, "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 1
+    # Only a RoCE v1 GID for the address: NCCL (RoCE v2) cannot use the port.
+    (rdma / "rocep1s0f1/ports/1/gid_attrs/types/3").write_text("IB/RoCE v1\n")
+    assert sample(collect(tmp_path, *args), "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 0
+    # No RDMA driver at all: no port, and none usable.
+    found = collect(tmp_path, "--fabric-interface", "enp1s0f1np1", "--rdma-class", str(tmp_path / "absent"))
+    assert sample(found, "spark_rdma_port_active", device="rocep1s0f1", port="1", netdev="enp1s0f1np1") is None
+    assert sample(found, "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 0
+
+
 def test_the_collector_reports_a_gpu_that_does_not_answer(tmp_path):
     found = collect(tmp_path, gpu={"present": False})
     assert sample(found, "spark_gpu_query_success") == 0

@@ -160,6 +160,11 @@ def rule_cases(rules):
              [series("spark_collector_last_run_timestamp_seconds", WORKER_NODE, "0x10"),
               series("spark_gpu_query_success", HEAD_NODE, "1 1 0 0 0 0 0")],
              "6m", fired=[(WORKER_NODE, "360"), (HEAD_NODE, "0")]),
+        # The worker's RDMA port went down (its rail's link, or the driver): NCCL there serves over sockets.
+        case(rules, "SparkFabricWithoutRdma",
+             [series("spark_rdma_fabric_ports_usable", {**WORKER_NODE, "netdev": "enp1s0f1np1"}, "1 1 0 0 0 0 0 0"),
+              series("spark_rdma_fabric_ports_usable", {**HEAD_NODE, "netdev": "enp1s0f1np1"}, "1x10")],
+             "7m", fired=[({**WORKER_NODE, "netdev": "enp1s0f1np1"}, "0")], quiet_at="3m"),
     ]
 
 
@@ -193,7 +198,7 @@ KNOWN_SETTINGS = {name for role in ROLE_PREFIXES for name in role_defaults(role)
 
 def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_path):
     rules = FILTER.monitoring_rules(ctx(tmp_path))["groups"][0]["rules"]
-    assert len(rules) == len({r["alert"] for r in rules}) == 10
+    assert len(rules) == len({r["alert"] for r in rules}) == 11
     for rule in rules:
         runbook = rule["annotations"]["runbook"]
         playbooks = re.findall(r"(?:playbooks/)?[a-z_]+\.yml", runbook)

@@ -17,7 +17,10 @@ exporter's textfile collector serves:
   guess of which mount holds the directory; a directory that does not exist yet is measured at its
   nearest existing parent, where it will be);
 - on the head, the group supervisor's state (state.json in its state directory): its state, the
-  failed generation probes in a row, the restarts in its window, whether it gave up.
+  failed generation probes in a row, the restarts in its window, whether it gave up;
+- every RDMA port (/sys/class/infiniband): whether it is ACTIVE, and how many ports behind the fabric
+  interface NCCL can use (ACTIVE, with a RoCE v2 GID for an IPv4 address of the port). NCCL without one
+  does not fail, it falls back to its socket transport: the figure is the only sign while the group serves.
 
 Every run also writes spark_collector_last_run_timestamp_seconds: an alert tells a collector that
 stopped from figures that stopped changing. Standard library only.
@@ -202,6 +205,56 @@ def supervisor_metrics(expo, state_dir):
              int(os.path.exists(os.path.join(state_dir, "gave-up.json"))))
 
 
+def _sysfs(path):
+    """A sysfs attribute without its numeric prefix ("4: ACTIVE" -> "ACTIVE"); None where it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip().split(": ", 1)[-1]
+    except OSError:
+        return None
+
+
+def _roce_v2_ipv4(port_dir, netdev):
+    """Whether the port's GID table holds a RoCE v2 GID of an IPv4 address (::ffff:a.b.c.d) on netdev."""
+    try:
+        indexes = os.listdir(os.path.join(port_dir, "gids"))
+    except OSError:
+        return False
+    for index in indexes:
+        gid = (_sysfs(os.path.join(port_dir, "gids", index)) or "").lower()
+        if (gid.startswith("0000:0000:0000:0000:0000:ffff:")
+                and _sysfs(os.path.join(port_dir, "gid_attrs", "types", index)) == "RoCE v2"
+                and _sysfs(os.path.join(port_dir, "gid_attrs", "ndevs", index)) in (netdev, "")):
+            return True
+    return False
+
+
+def rdma_metrics(expo, rdma_class, fabric_interface):
+    try:
+        devices = sorted(os.listdir(rdma_class))
+    except OSError:
+        devices = []
+    usable = 0
+    for device in devices:
+        base = os.path.join(rdma_class, device)
+        try:
+            netdevs = sorted(os.listdir(os.path.join(base, "device", "net")))
+            ports = sorted(os.listdir(os.path.join(base, "ports")))
+        except OSError:
+            continue
+        for port in ports:
+            port_dir = os.path.join(base, "ports", port)
+            active = _sysfs(os.path.join(port_dir, "state")) == "ACTIVE"
+            for netdev in netdevs:
+                expo.add("spark_rdma_port_active", "1 when the RDMA port is ACTIVE.", int(active),
+                         {"device": device, "port": port, "netdev": netdev})
+                if netdev == fabric_interface and active and _roce_v2_ipv4(port_dir, netdev):
+                    usable += 1
+    expo.add("spark_rdma_fabric_ports_usable",
+             "RDMA ports behind the fabric interface NCCL can use (ACTIVE, a RoCE v2 GID of an IPv4 address); "
+             "0: NCCL falls back to its socket transport.", usable, {"netdev": fabric_interface})
+
+
 def write_atomically(directory, name, text):
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
@@ -222,6 +275,8 @@ def main(argv):
     p.add_argument("--model-dir", required=True)
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--supervisor-state-dir", default="")
+    p.add_argument("--fabric-interface", default="", help="the fabric port, whose RDMA ports are counted (empty: none)")
+    p.add_argument("--rdma-class", default="/sys/class/infiniband")
     p.add_argument("--no-gpu", action="store_true", help="a node without the rank's GPU (the monitoring host)")
     p.add_argument("--stdout", action="store_true", help="print instead of writing the textfile")
     args = p.parse_args(argv)
@@ -232,6 +287,8 @@ def main(argv):
     filesystem_metrics(expo, "root", "/")
     if args.supervisor_state_dir:
         supervisor_metrics(expo, args.supervisor_state_dir)
+    if args.fabric_interface:
+        rdma_metrics(expo, args.rdma_class, args.fabric_interface)
     expo.add("spark_collector_last_run_timestamp_seconds", "When the node collector last ran (Unix time).", time.time())
     if args.stdout:
         sys.stdout.write(expo.text())
