@@ -15,7 +15,7 @@ description:
   - Reads, before the role changes anything, what its checks and proofs read (the node's network
     interfaces, whether ufw is active and otherwise the nftables ruleset, every interface's addresses,
     the kernel's route to each peer, full-size pings that may not fragment to each peer (where the
-    fabric port is up with carrier), the RDMA devices and the ports behind them, the SSH host keys and
+    fabric port is up with carrier), the RDMA devices and their ports (O(rdma)), the SSH host keys and
     C(authorized_keys) (on a worker) and the head's fabric key pair and known_hosts (on the head), with
     the owner and mode of the SSH files the role manages).
   - The role reads it again after a change (netplan apply, firewall rules) for the proof.
@@ -118,11 +118,6 @@ routes:
   returned: always
   type: list
   elements: dict
-hcas:
-  description: C(<device>/device/net/<port>) for every port of every RDMA device.
-  returned: always
-  type: list
-  elements: str
 rdma:
   description:
     - Where O(rdma) is set, C({devices, devinfo}). C(devices) has one C({name, netdevs, ports}) per RDMA device;
@@ -170,7 +165,6 @@ pings:
   elements: dict
 """
 
-import glob
 import os
 import re
 
@@ -313,9 +307,6 @@ def main():
         # ufw keeps its own rules; a plain nftables ruleset matters only where ufw is not in charge.
         if not (ufw["rc"] == 0 and UFW_ACTIVE.search(ufw["stdout"])):
             nft = _run(module, "nft", "-j", "list", "ruleset")
-    # <device>/device/net/<port>, as the shell glob of the role's facts task listed them.
-    hcas = [path[len("/sys/class/infiniband/"):] for path in sorted(glob.glob("/sys/class/infiniband/*/device/net/*"))
-            if os.path.exists(path)]
     host_keys = []
     for key_type in p["host_key_types"]:
         text = _read(f"/etc/ssh/ssh_host_{key_type}_key.pub")
@@ -330,7 +321,6 @@ def main():
         nft=nft,
         addrs=_run(module, "ip", "-j", "addr", "show"),
         routes=[{"item": peer, **_run(module, "ip", "-j", "route", "get", peer)} for peer in p["peers"]],
-        hcas=hcas,
         host_keys=host_keys,
         public_key=(_read(p["public_key_path"]) or "") if p["public_key_path"] else "",
         known_hosts=[line.strip() for line in (known or "").splitlines() if line.strip()],
