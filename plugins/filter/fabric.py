@@ -356,6 +356,7 @@ def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
     usable = fabric_rdma_usable(rdma, interface, address)
     want_mtu = fabric_roce_mtu(mtu)
     lines, warnings = [], []
+    fallback = SOCKET_FALLBACK.format(interface=interface)
     ports = _fabric_ports(rdma, interface)
     if not ports:
         found = [f"{d['name']} ({', '.join(d.get('netdevs') or []) or 'no netdev'})" for d in rdma.get("devices") or []]
@@ -365,7 +366,7 @@ def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
         else:
             cause = ("no RDMA device at all (/sys/class/infiniband is empty or absent): the ConnectX-7 RDMA driver is not "
                      "loaded. Fix: modprobe mlx5_ib (DGX OS loads it at boot; check dmesg for why it did not)")
-        warnings.append(f"{cause}; {SOCKET_FALLBACK.format(interface=interface)}")
+        warnings.append(f"{cause}; {fallback}")
     devinfo = rdma.get("devinfo") or {}
     for device, port in ports:
         name = f"{device['name']} port {port.get('port')}"
@@ -374,7 +375,6 @@ def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
         active = port.get("active_mtu")
         lines.append(f"{name} ({interface}): {port.get('state') or '?'}, active MTU {active or '?'}, "
                      + (f"RoCE v2 GID index {v2[0]['index']} ({address})" if v2 else f"no RoCE v2 GID for {address}"))
-        fallback = SOCKET_FALLBACK.format(interface=interface)
         if port.get("state") != "ACTIVE":
             if port.get("phys_state") != "LinkUp":
                 why = (f"{name} is {port.get('state') or 'not active'} because {interface} has no link "
