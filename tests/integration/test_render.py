@@ -307,6 +307,10 @@ GUARD_RAILS = {
         {"server_model_dir": "glm53"},
         ["server_model_dir = 'glm53'", "absolute"],
     ),
+    "gid index out of range": (
+        {"server_nccl_ib_gid_index": "300"},
+        ["server_nccl_ib_gid_index = '300'", "from 0 to 255"],
+    ),
     "model dir with metacharacters": (
         {"server_model_dir": "/opt/models/$(id)"},
         ["server_model_dir = '/opt/models/$(id)'", "metacharacters"],
@@ -332,7 +336,7 @@ GUARD_RAIL_HOSTS = {
     "spark-1": ["reasoning-parser missing", "backend change without acknowledgement",
                 "shared experts fusion dropped", "model dir relative"],
     "spark-2": ["reasoning-parser glm47", "topology flag in overrides", "model dir with metacharacters"],
-    "spark-3": ["typo"],
+    "spark-3": ["typo", "gid index out of range"],
 }
 
 
