@@ -66,6 +66,107 @@ def fabric_ifaces_in_network(interfaces, network) -> list:
     return out
 
 
+RAILS_VAR = "fabric_extra_rails (spark_fabric_extra_rails)"
+
+
+def _rail_network(subnet):
+    """The IPv4 network `subnet` names (host bits refused), or the reason it is none."""
+    try:
+        net = ipaddress.IPv4Network(str(subnet), strict=True)
+    except ValueError as e:
+        return None, f"{subnet!r} is not an IPv4 network in CIDR form ({e})"
+    if not 8 <= net.prefixlen <= 30:
+        return None, f"prefix /{net.prefixlen} is outside 8..30"
+    return net, ""
+
+
+def fabric_rail_address(address, prefix, subnet) -> str:
+    """A node's address on a further rail: the rail's `subnet` with the host number the node has on the fabric
+    port (192.168.100.11/24 on a rail 192.168.101.0/24 -> 192.168.101.11); '' where there is none."""
+    net = _rail_network(subnet)[0]
+    try:
+        own = ipaddress.IPv4Network(f"{address}/{int(prefix)}", strict=False)
+        host = int(ipaddress.IPv4Address(str(address))) - int(own.network_address)
+    except (TypeError, ValueError):
+        return ""
+    if net is None or not 0 < host < net.num_addresses - 1:
+        return ""
+    return str(net.network_address + host)
+
+
+def fabric_rails(extra, interface, address, prefix) -> list:
+    """Every rail of a node, the fabric port first (it carries the bootstrap sockets): [{interface, ip, prefix,
+    primary}], each further rail's address derived by fabric_rail_address ('' where it cannot be)."""
+    rails = [{"interface": interface, "ip": str(address), "prefix": prefix, "primary": True}]
+    for entry in extra or []:
+        rail = entry if isinstance(entry, dict) else {}
+        net = _rail_network(rail.get("subnet"))[0]
+        rails.append({"interface": str(rail.get("interface") or ""),
+                      "ip": fabric_rail_address(address, prefix, rail.get("subnet")),
+                      "prefix": net.prefixlen if net else "", "primary": False})
+    return rails
+
+
+def fabric_rail_ips(hosts, ips, prefixes, extra) -> dict:
+    """{host: [its address on each rail, the fabric port's first]} from the `ips` and `prefixes` maps."""
+    return {h: [r["ip"] for r in fabric_rails(extra, "", ips.get(h, ""), prefixes.get(h, ""))] for h in hosts or []}
+
+
+def fabric_rail_probes(rails, rail_ips, peers) -> list:
+    """Per rail, the peers' addresses on it: [{interface, peers}] in rail order (a peer without an address on a rail,
+    its input refused, is left out)."""
+    return [{"interface": rail["interface"],
+             "peers": [ips[i] for ips in (rail_ips.get(p) or [] for p in peers or []) if i < len(ips) and ips[i]]}
+            for i, rail in enumerate(rails or [])]
+
+
+def fabric_rails_errors(extra, interface, address, prefix, netdevs=None) -> list:
+    """Why `extra` (fabric_extra_rails) cannot be this node's further rails: one sentence per problem, each with
+    its fix; empty when it can. `netdevs`: the node's interfaces (None: not read yet, not checked)."""
+    if extra in (None, ""):
+        return []
+    if not isinstance(extra, list):
+        return [f"{RAILS_VAR} is {extra!r}: it must be a list of {{interface, subnet}}, one per further rail. "
+                "Fix: e.g. [{interface: enP2p1s0f1np1, subnet: 192.168.101.0/24}], or [] for one rail."]
+    errors, seen, nets = [], {str(interface)}, []
+    try:
+        nets.append(("the fabric port's subnet", ipaddress.IPv4Network(f"{address}/{int(prefix)}", strict=False)))
+    except (TypeError, ValueError):
+        pass  # the fabric address's own check names it
+    for i, rail in enumerate(extra):
+        name = f"{RAILS_VAR}[{i}]"
+        if not isinstance(rail, dict) or not rail.get("interface") or not rail.get("subnet"):
+            errors.append(f"{name} is {rail!r}: each rail needs an interface and a subnet. "
+                          "Fix: e.g. {interface: enP2p1s0f1np1, subnet: 192.168.101.0/24}.")
+            continue
+        iface, subnet = str(rail["interface"]), rail["subnet"]
+        if iface in seen:
+            errors.append(f"{name}.interface is {iface}, which is already "
+                          + ("the fabric port (spark_fabric_interface)" if iface == str(interface) else "another rail")
+                          + ": each rail is a port of its own. Fix: name the second RoCE port (rdma link show lists "
+                            "each device's netdev), or remove the entry.")
+        seen.add(iface)
+        if netdevs is not None and iface not in netdevs:
+            errors.append(f"{name}.interface is {iface}, which this node does not have (it has "
+                          f"{', '.join(sorted(netdevs))}). Fix: the netdev of the second RoCE device "
+                          "(rdma link show), e.g. enP2p1s0f1np1.")
+        net, why = _rail_network(subnet)
+        if net is None:
+            errors.append(f"{name}.subnet is {subnet!r}: {why}. Fix: a network of its own with its host bits zero, "
+                          "e.g. 192.168.101.0/24.")
+            continue
+        clash = next((what for what, other in nets if net.overlaps(other)), None)
+        if clash:
+            errors.append(f"{name}.subnet {net} overlaps {clash}: two interfaces in one subnet make the kernel send a "
+                          "rail's traffic out of the other port. Fix: give each rail a subnet of its own.")
+        nets.append((f"{RAILS_VAR}[{i}].subnet", net))
+        if not fabric_rail_address(address, prefix, net) and not fabric_ipv4_error(address, prefix):
+            errors.append(f"{name}.subnet {net} has no room for this node's host number (its fabric address is "
+                          f"{address}/{prefix}; each rail takes the same host number in its own subnet). "
+                          "Fix: a rail subnet at least as large as the fabric port's.")
+    return errors
+
+
 NFT_COMMENT = "spark-fabric from {peer}"
 
 
@@ -109,6 +210,11 @@ def fabric_nft_missing(ruleset, peers, interface) -> list:
     return out
 
 
+def fabric_nft_missing_rails(ruleset, rails) -> list:
+    """fabric_nft_missing for every rail ([{interface, peers}]: each peer's address on that rail, on its port)."""
+    return [m for rail in rails or [] for m in fabric_nft_missing(ruleset, rail["peers"], rail["interface"])]
+
+
 def _iface(addrs, interface):
     return next((i for i in addrs or [] if isinstance(i, dict) and i.get("ifname") == interface), None)
 
@@ -147,9 +253,29 @@ def fabric_drift(addrs, interface, address, prefix, mtu):
     if port["mtu"] != int(mtu):
         drift.append(f"{interface} has MTU {port['mtu']}, configured {mtu}")
     want = f"{address}/{prefix}"
-    if want not in port["addresses"]:
+    # networkd sets the address once the link has carrier: without carrier (a cable out) netplan apply adds nothing.
+    if want not in port["addresses"] and port["carrier"]:
         drift.append(f"{interface} lacks its address {want} (has {', '.join(port['addresses']) or 'none'})")
     return drift
+
+
+def fabric_rails_drift(addrs, rails, mtu) -> list:
+    """fabric_drift over every rail ([{interface, ip, prefix}]): [sentence], empty when all match."""
+    return [d for r in rails or [] for d in fabric_drift(addrs, r["interface"], r["ip"], r["prefix"], mtu)]
+
+
+def fabric_rails_settled(addrs, rails, mtu) -> bool:
+    """Whether every rail's port shows what netplan apply configures: up, the MTU, and the address where it has
+    carrier (networkd sets it once the link is up)."""
+    for rail in rails or []:
+        port = fabric_port(addrs, rail["interface"])
+        if not port["present"]:
+            continue
+        if not port["up"] or port["mtu"] != int(mtu):
+            return False
+        if port["carrier"] and f"{rail['ip']}/{rail['prefix']}" not in port["addresses"]:
+            return False
+    return True
 
 
 def fabric_peer_port(peer, hostvars, play_hosts, interface):
@@ -167,7 +293,7 @@ def fabric_peer_port(peer, hostvars, play_hosts, interface):
     return {"host": peer, "in_play": True, "port": fabric_port(addrs, interface)}
 
 
-def fabric_port_cause(port, want, peers):
+def fabric_port_cause(port, want, peers, variable="spark_fabric_interface"):
     """Why the port is still not as configured after netplan apply: the real cause, not a guess.
 
     want: {interface, ip, prefix, mtu} as configured; peers: [{host, in_play, port (fabric_port of its
@@ -191,7 +317,7 @@ def fabric_port_cause(port, want, peers):
                           f"(ip link show {interface} there), or the cable is not in this port")
         else:
             causes.append("no carrier although the peer's port is up: the cable is not in this port (ip -br link shows "
-                          "which ConnectX-7 port has carrier; set spark_fabric_interface to it) or the cable is damaged")
+                          f"which ConnectX-7 port has carrier; set {variable} to it) or the cable is damaged")
     if port["mtu"] != int(mtu):
         causes.append(f"MTU {port['mtu']} after netplan apply, configured {mtu}: something else sets it on this port "
                       f"(networkctl status {interface}, nmcli device show {interface}); "
@@ -233,6 +359,42 @@ def fabric_ping_faults(pings, peers) -> list:
         elif ping.get("rc") != 0:
             out.append({"peer": peer, "small": (ping.get("small") or {}).get("rc") == 0})
     return out
+
+
+def fabric_rail_faults(reading, addrs, rail, *, mtu, peers, peer_ports) -> list:
+    """What keeps a further rail from carrying the peers' traffic, with the cause found: [sentence], empty when its
+    port is up with carrier, its address and MTU live, and its routes and full-size pings to each peer pass.
+
+    reading: the probe's {interface, routes, pings} for the rail; addrs: `ip -j addr show`; rail: {interface, ip,
+    prefix}; peers: the peers' addresses on the rail; peer_ports: [{host, in_play, port}] of the rail's port.
+    A rail is no bootstrap path: its faults are warnings, the group forms on the other rails.
+    """
+    interface, address = rail["interface"], rail["ip"]
+    port = fabric_port(addrs, interface)
+    want = {"interface": interface, "ip": address, "prefix": rail["prefix"], "mtu": mtu}
+    if not (port["up"] and port["carrier"] and port["mtu"] == int(mtu)
+            and f"{address}/{rail['prefix']}" in port["addresses"]):
+        state = ("up" if port["up"] else "DOWN") + ("" if port["carrier"] or not port["up"] else " with NO CARRIER")
+        return [f"rail {interface} is {state}, "
+                f"MTU {port['mtu']}, addresses [{', '.join(port['addresses'])}] (want {address}/{rail['prefix']}, MTU "
+                f"{mtu}): " + "; ".join(fabric_port_cause(port, want, peer_ports, "spark_fabric_extra_rails"))]
+    faults = [f"rail {interface}: traffic to {r['peer']} leaves via {r['dev']} from {r['prefsrc']}, want {interface} from "
+              f"{address}" + ("; the address is configured on this node itself: check the rail subnets" if r["local"]
+                              else "; another interface has an address in the rail's subnet, or a more specific "
+                                   "route sends it elsewhere (ip route)")
+              for r in fabric_route_faults((reading or {}).get("routes"), interface, address)]
+    size = int(mtu) - 28
+    for f in fabric_ping_faults((reading or {}).get("pings"), peers):
+        if f["small"]:
+            faults.append(f"rail {interface}: {f['peer']} answers small pings but not {size}-byte ones with DF set: an "
+                          f"MTU below {mtu} on the peer's port or a switch between")
+        elif dark := [p["host"] for p in peer_ports or [] if p.get("port") and not p["port"]["carrier"]]:
+            faults.append(f"rail {interface}: {f['peer']} does not answer: {', '.join(dark)}'s {interface} has no "
+                          "carrier (its own warning names the cause)")
+        else:
+            faults.append(f"rail {interface}: {f['peer']} does not answer: the peer's rail is not configured yet, its "
+                          "cable is elsewhere, or a firewall drops ICMP on it")
+    return faults
 
 
 def fabric_known_host_lines(host_keys, address) -> list:
@@ -321,17 +483,50 @@ def _address_gids(port, interface, address):
     return [g for g in port.get("gids") or [] if g.get("ndev") in (interface, "") and _gid_ipv4(g.get("gid")) == address]
 
 
-def fabric_rdma_usable(rdma, interface, address) -> dict:
-    """What the ranks can give NCCL: {hcas, gid_index} - the RDMA devices behind the fabric port whose port is
-    ACTIVE with a RoCE v2 GID for the node's fabric address, and that GID's index (the first device's, None
-    where none is usable). The probe's `rdma` reading."""
-    hcas, index = [], None
-    for device, port in _fabric_ports(rdma, interface):
-        v2 = [g["index"] for g in _address_gids(port, interface, address) if g.get("type") == "RoCE v2"]
-        if port.get("state") == "ACTIVE" and v2:
-            hcas.append(device["name"])
-            index = v2[0] if index is None else index
-    return {"hcas": sorted(set(hcas)), "gid_index": index}
+def _rails(rails):
+    """The rails as [{interface, ip}]: a list of them, or one {interface, ip} mapping."""
+    return [rails] if isinstance(rails, dict) else list(rails or [])
+
+
+def fabric_rdma_usable(rdma, rails) -> dict:
+    """What the ranks can give NCCL: {hcas, gid_index, gid_indexes} - the RDMA devices behind the rails' ports
+    (`rails`: [{interface, ip}], the fabric port first) whose port is ACTIVE with a RoCE v2 GID for the rail's
+    address, in rail order; each one's GID index; and the index they share (None where none is usable or where
+    they differ: NCCL then picks each device's RoCE v2 IPv4 GID itself). The probe's `rdma` reading."""
+    hcas, indexes = [], {}
+    for rail in _rails(rails):
+        for device, port in _fabric_ports(rdma, rail.get("interface")):
+            v2 = [g["index"] for g in _address_gids(port, rail.get("interface"), rail.get("ip"))
+                  if g.get("type") == "RoCE v2"]
+            if port.get("state") == "ACTIVE" and v2 and device["name"] not in indexes:
+                hcas.append(device["name"])
+                indexes[device["name"]] = v2[0]
+    shared = set(indexes.values())
+    return {"hcas": hcas, "gid_index": shared.pop() if len(shared) == 1 else None, "gid_indexes": indexes}
+
+
+def fabric_rdma_group_usable(rdma, host, interfaces, *, rail_ips, reads=None) -> dict:
+    """fabric_rdma_usable for the ranks of a group: a rail's devices are given only where every member read in this
+    run (`reads`: {host: its RDMA reading}) can use that rail too - NCCL pairs the ranks' devices by their order, and a
+    rank with a rail its peers lack gains nothing from it. Adds `left_out`: [sentence] per rail usable here and left
+    out, naming the members that cannot use it. `rdma`: this node's reading; interfaces: the rails' ports in order;
+    rail_ips: {host: [its address on each rail]}."""
+    def rail(h, i):
+        ips = rail_ips.get(h) or []
+        return {"interface": interfaces[i], "ip": ips[i] if i < len(ips) else ""}
+
+    others = {h: r for h, r in (reads or {}).items() if h != host and r}
+    kept, left_out = [], []
+    for i, interface in enumerate(interfaces or []):
+        if not fabric_rdma_usable(rdma, rail(host, i))["hcas"]:
+            continue
+        lacking = sorted(h for h, r in others.items() if not fabric_rdma_usable(r, rail(h, i))["hcas"])
+        if lacking:
+            left_out.append(f"rail {interface} is left out of NCCL_IB_HCA: {', '.join(lacking)} cannot use it (its "
+                            "warning names why), and every rank is given the same rails")
+        else:
+            kept.append(rail(host, i))
+    return {**fabric_rdma_usable(rdma, kept), "left_out": left_out}
 
 
 def fabric_rdma_reads(hosts, hostvars) -> dict:
@@ -345,28 +540,24 @@ def fabric_rdma_reads(hosts, hostvars) -> dict:
     return out
 
 
-def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
-    """Whether NCCL can use RoCE on `host`'s fabric port, and if not, why: {usable, lines, warnings}.
-
-    reads: {host: the probe's `rdma` reading} of the hosts of this run (the newest: read again after a
-    change). lines: one per RDMA port behind the fabric port (state, active MTU, RoCE v2 GID);
-    warnings: each cause found, with its fix and what NCCL does instead.
-    """
-    rdma = (reads or {}).get(host) or {}
-    usable = fabric_rdma_usable(rdma, interface, address)
+def _rail_problems(rdma, rail, mtu):
+    """(lines, problems, notes) of one rail's RDMA ports: a line per port, each cause that keeps NCCL off it,
+    and what is not a fallback but costs bandwidth (a smaller active MTU)."""
+    interface, address = rail.get("interface"), rail.get("ip")
     want_mtu = fabric_roce_mtu(mtu)
-    lines, warnings = [], []
-    fallback = SOCKET_FALLBACK.format(interface=interface)
+    lines, problems, notes = [], [], []
     ports = _fabric_ports(rdma, interface)
     if not ports:
         found = [f"{d['name']} ({', '.join(d.get('netdevs') or []) or 'no netdev'})" for d in rdma.get("devices") or []]
         if found:
-            cause = (f"no RDMA device behind {interface}: the RoCE devices here serve {', '.join(found)}. Fix: set "
-                     "spark_fabric_interface to the cabled port that has one (rdma link show lists each device's netdev)")
+            fix = ("set spark_fabric_interface to the cabled port that has one" if rail.get("primary", True)
+                   else "name the netdev of a RoCE device in spark_fabric_extra_rails")
+            problems.append(f"no RDMA device behind {interface}: the RoCE devices here serve {', '.join(found)}. "
+                            f"Fix: {fix} (rdma link show lists each device's netdev)")
         else:
-            cause = ("no RDMA device at all (/sys/class/infiniband is empty or absent): the ConnectX-7 RDMA driver is not "
-                     "loaded. Fix: modprobe mlx5_ib (DGX OS loads it at boot; check dmesg for why it did not)")
-        warnings.append(f"{cause}; {fallback}")
+            problems.append("no RDMA device at all (/sys/class/infiniband is empty or absent): the ConnectX-7 RDMA "
+                            "driver is not loaded. Fix: modprobe mlx5_ib (DGX OS loads it at boot; check dmesg for "
+                            "why it did not)")
     devinfo = rdma.get("devinfo") or {}
     for device, port in ports:
         name = f"{device['name']} port {port.get('port')}"
@@ -377,57 +568,107 @@ def fabric_rdma_report(reads, host, interface, address, mtu) -> dict:
                      + (f"RoCE v2 GID index {v2[0]['index']} ({address})" if v2 else f"no RoCE v2 GID for {address}"))
         if port.get("state") != "ACTIVE":
             if port.get("phys_state") != "LinkUp":
-                why = (f"{name} is {port.get('state') or 'not active'} because {interface} has no link "
-                       f"(physical state {port.get('phys_state') or 'unknown'}): the fabric port check names the cause")
+                problems.append(f"{name} is {port.get('state') or 'not active'} because {interface} has no link "
+                                f"(physical state {port.get('phys_state') or 'unknown'}): the port check names the cause")
             else:
-                why = (f"{name} is {port.get('state')} although {interface} has its link: the driver keeps the RDMA "
-                       f"port down. Fix: rdma link show and dmesg say why; reloading mlx5_ib or a reboot brings it up")
-            warnings.append(f"{why}; {fallback}")
+                problems.append(f"{name} is {port.get('state')} although {interface} has its link: the driver keeps "
+                                "the RDMA port down. Fix: rdma link show and dmesg say why; reloading mlx5_ib or a "
+                                "reboot brings it up")
         elif not v2:
             if mine:
-                why = (f"{name} has {address} only in a GID of type {mine[0].get('type')} (index {mine[0]['index']}): NCCL uses "
-                       "RoCE v2, which is off on this device. Fix: turn RoCE v2 on in its firmware configuration "
-                       "(mlxconfig) and check the GID table with show_gids")
+                problems.append(f"{name} has {address} only in a GID of type {mine[0].get('type')} (index "
+                                f"{mine[0]['index']}): NCCL uses RoCE v2, which is off on this device. Fix: turn RoCE "
+                                "v2 on in its firmware configuration (mlxconfig) and check the GID table with show_gids")
             else:
-                why = (f"{name} has no GID for {address}: the address is not on {interface}, so RoCE cannot reach "
-                       "the peers from it (ip addr show dev " + interface + ")")
-            warnings.append(f"{why}; {fallback}")
+                problems.append(f"{name} has no GID for {address}: the address is not on {interface}, so RoCE cannot "
+                                f"reach the peers from it (ip addr show dev {interface})")
         if devinfo.get("rc") not in (0, None):
             lines.append(f"{name}: active MTU not read: ibv_devinfo "
                          + ("is not installed (apt install ibverbs-utils)" if devinfo.get("rc") == 127
                             else f"failed ({devinfo.get('stderr') or devinfo.get('rc')})"))
         elif active and active < want_mtu:
             cap = port.get("max_mtu")
-            cause = (f"the port's maximum is {cap}" if cap and cap < want_mtu
-                     else f"{interface}'s MTU is below {mtu}")
-            warnings.append(f"{name} runs RDMA at an active MTU of {active}, not the {want_mtu} that the fabric MTU "
-                            f"{mtu} allows: {cause}. RDMA to the peers uses the smaller MTU: fewer bytes per packet")
-        for peer, peer_rdma in sorted((reads or {}).items()):
-            if peer == host:
-                continue
-            theirs = [p.get("active_mtu") for d, p in _fabric_ports(peer_rdma, interface) if p.get("active_mtu")]
-            if active and theirs and theirs[0] != active:
-                warnings.append(f"{name} has active MTU {active}, {peer} has {theirs[0]}: RDMA between them runs at "
-                                f"{min(active, theirs[0])}; give both ports the fabric MTU {mtu}")
+            cause = f"the port's maximum is {cap}" if cap and cap < want_mtu else f"{interface}'s MTU is below {mtu}"
+            notes.append(f"{name} runs RDMA at an active MTU of {active}, not the {want_mtu} that the fabric MTU "
+                         f"{mtu} allows: {cause}. RDMA to the peers uses the smaller MTU: fewer bytes per packet")
+    return lines, problems, notes
+
+
+def fabric_rdma_report(reads, host, rails, mtu) -> dict:
+    """Whether NCCL can use RoCE on `host`'s rails, and if not, why: {usable, lines, warnings}.
+
+    reads: {host: the probe's `rdma` reading} of the hosts of this run (the newest: read again after a change);
+    rails: [{interface, ip, primary}], the fabric port first. lines: one per RDMA port behind a rail (state, active
+    MTU, RoCE v2 GID); warnings: each cause found, with its fix and what NCCL does instead (its socket transport
+    where no rail is usable, the other rails otherwise), and a RoCE port that has its link but is no rail.
+    """
+    rdma = (reads or {}).get(host) or {}
+    rails = _rails(rails)
+    usable = fabric_rdma_usable(rdma, rails)
+    primary = rails[0].get("interface") if rails else ""
+    if usable["hcas"]:
+        consequence = (f"NCCL runs RDMA on {', '.join(usable['hcas'])} only, a part of the link's bandwidth; the group "
+                       "forms on the rails that work")
+    else:
+        consequence = SOCKET_FALLBACK.format(interface=primary)
+    lines, warnings = [], []
+    for rail in rails:
+        rail_lines, problems, notes = _rail_problems(rdma, rail, mtu)
+        lines += rail_lines
+        warnings += [f"{p}; {consequence}" for p in problems] + notes
+        for device, port in _fabric_ports(rdma, rail.get("interface")):
+            active = port.get("active_mtu")
+            for peer, peer_rdma in sorted((reads or {}).items()):
+                if peer == host:
+                    continue
+                theirs = [p.get("active_mtu") for d, p in _fabric_ports(peer_rdma, rail.get("interface"))
+                          if p.get("active_mtu")]
+                if active and theirs and theirs[0] != active:
+                    warnings.append(f"{device['name']} port {port.get('port')} has active MTU {active}, {peer} has "
+                                    f"{theirs[0]}: RDMA between them runs at {min(active, theirs[0])}; give both ports "
+                                    f"the fabric MTU {mtu}")
+    if usable["hcas"] and usable["gid_index"] is None:
+        lines.append("RoCE v2 GID indexes differ between the devices ("
+                     + ", ".join(f"{h} {i}" for h, i in usable["gid_indexes"].items())
+                     + "): NCCL_IB_GID_INDEX is left unset and NCCL picks each device's RoCE v2 IPv4 GID itself")
+    named = {r.get("interface") for r in rails}
+    idle = [(f"{d['name']} port {p.get('port')} ({n})", n) for d in rdma.get("devices") or []
+            for p in d.get("ports") or [] for n in d.get("netdevs") or [] if n not in named and p.get("state") == "ACTIVE"]
+    if idle and usable["hcas"]:
+        one = len(idle) == 1
+        labels = ", ".join(label for label, _netdev in idle)
+        warnings.append(f"{labels} {'has' if one else 'have'} a link but {'is' if one else 'are'} "
+                        f"no rail: NCCL is given {', '.join(usable['hcas'])} only, about half of a DGX Spark's link. Fix: "
+                        "add each to spark_fabric_extra_rails with a subnet of its own (e.g. {interface: "
+                        + idle[0][1] + ", subnet: 192.168.101.0/24})")
     return {"usable": usable, "lines": lines, "warnings": warnings}
 
 
-def fabric_rdma_pairs(reads, head, workers, interface, *, ips, port) -> dict:
+def fabric_rdma_pairs(reads, head, workers, interfaces, *, rail_ips, port) -> dict:
     """What the RDMA bandwidth proof measures: {pairs, unmeasured}.
 
-    pairs: one {worker, address, head_hca, head_gid, worker_hca, worker_gid, port} per rail usable on both the
-    head and a worker (the n-th usable device of each, by name; each pair its own port from `port` up);
+    interfaces: the rails' ports, the fabric port first; rail_ips: {host: [its address on each rail]}.
+    pairs: one {worker, rail, address, head_hca, head_gid, worker_hca, worker_gid, port} per rail usable on both the
+    head and a worker (on each rail the n-th usable device of each; each pair its own port from `port` up);
     unmeasured: [sentence] for a worker that has a usable rail but where ib_write_bw is missing on either end.
-    A worker without a usable rail is not measured: the proof's warning already names why.
+    A rail not usable on both ends is not measured: the proof's warning already names why.
     """
     reads = reads or {}
+    interfaces = [interfaces] if isinstance(interfaces, str) else list(interfaces or [])
     head_read = reads.get(head) or {}
-    mine = fabric_rdma_usable(head_read, interface, ips.get(head))
     pairs, unmeasured = [], []
+
+    def usable(read, host, i):
+        ips = rail_ips.get(host) or []
+        return fabric_rdma_usable(read, {"interface": interfaces[i], "ip": ips[i] if i < len(ips) else ""})
+
     for worker in workers:
         read = reads.get(worker) or {}
-        theirs = fabric_rdma_usable(read, interface, ips.get(worker))
-        rails = list(zip(mine["hcas"], theirs["hcas"], strict=False))
+        rails = []
+        for i, interface in enumerate(interfaces):
+            mine, theirs = usable(head_read, head, i), usable(read, worker, i)
+            rails += [(i, interface, a, mine["gid_indexes"][a], b, theirs["gid_indexes"][b])
+                      for a, b in zip(mine["hcas"], theirs["hcas"], strict=False)]
         if not rails:
             continue
         missing = [h for h, r in ((head, head_read), (worker, read)) if not r.get("ib_write_bw")]
@@ -435,9 +676,9 @@ def fabric_rdma_pairs(reads, head, workers, interface, *, ips, port) -> dict:
             unmeasured.append(f"{head} -> {worker}: RDMA bandwidth not measured: ib_write_bw is not installed on "
                               f"{' and '.join(missing)} (apt install perftest)")
             continue
-        for head_hca, worker_hca in rails:
-            pairs.append({"worker": worker, "address": ips.get(worker), "head_hca": head_hca,
-                          "head_gid": mine["gid_index"], "worker_hca": worker_hca, "worker_gid": theirs["gid_index"],
+        for i, interface, head_hca, head_gid, worker_hca, worker_gid in rails:
+            pairs.append({"worker": worker, "rail": interface, "address": rail_ips[worker][i], "head_hca": head_hca,
+                          "head_gid": head_gid, "worker_hca": worker_hca, "worker_gid": worker_gid,
                           "port": int(port) + len(pairs)})
     return {"pairs": pairs, "unmeasured": unmeasured}
 
@@ -462,11 +703,20 @@ class FilterModule:
             "fabric_in_network": fabric_in_network,
             "fabric_off_subnet": fabric_off_subnet,
             "fabric_ifaces_in_network": fabric_ifaces_in_network,
+            "fabric_rail_address": fabric_rail_address,
+            "fabric_rails": fabric_rails,
+            "fabric_rail_ips": fabric_rail_ips,
+            "fabric_rails_errors": fabric_rails_errors,
+            "fabric_rail_probes": fabric_rail_probes,
+            "fabric_rails_drift": fabric_rails_drift,
+            "fabric_rails_settled": fabric_rails_settled,
+            "fabric_rail_faults": fabric_rail_faults,
             "fabric_known_host_lines": fabric_known_host_lines,
             "fabric_route_faults": fabric_route_faults,
             "fabric_ping_faults": fabric_ping_faults,
             "fabric_trust_gaps": fabric_trust_gaps,
             "fabric_nft_missing": fabric_nft_missing,
+            "fabric_nft_missing_rails": fabric_nft_missing_rails,
             "fabric_port": fabric_port,
             "fabric_peer_port": fabric_peer_port,
             "fabric_drift": fabric_drift,
@@ -474,6 +724,7 @@ class FilterModule:
             "fabric_roce_mtu": fabric_roce_mtu,
             "fabric_rdma_usable": fabric_rdma_usable,
             "fabric_rdma_reads": fabric_rdma_reads,
+            "fabric_rdma_group_usable": fabric_rdma_group_usable,
             "fabric_rdma_report": fabric_rdma_report,
             "fabric_rdma_pairs": fabric_rdma_pairs,
             "fabric_write_bw_gbps": fabric_write_bw_gbps,

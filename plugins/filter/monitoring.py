@@ -435,9 +435,10 @@ def monitoring_rules(ctx):
              "spark_rdma_fabric_ports_usable == 0",
              "fabric_without_rdma", "warning",
              "NCCL on {{ $labels.node }} has no usable RDMA port behind {{ $labels.netdev }}",
-             "No RDMA port behind the fabric interface {{ $labels.netdev }} on {{ $labels.node }} is ACTIVE with a "
-             "RoCE v2 GID of its address: NCCL does not fail, it falls back to its socket transport, about a tenth "
-             "of the link's all-reduce bandwidth, and the whole TP group slows with this rank.",
+             "No RDMA port behind the fabric rail {{ $labels.netdev }} on {{ $labels.node }} is ACTIVE with a "
+             "RoCE v2 GID of its address: NCCL does not fail, it runs on the other rails (about half the link) or, "
+             "where no rail is left, falls back to its socket transport (about a tenth of the link's all-reduce "
+             "bandwidth), and the whole TP group slows with this rank.",
              "Run playbooks/fabric.yml: its proof names the cause (no RDMA device or none behind the interface, a "
              "port not ACTIVE, no RoCE v2 GID, an MTU) and repairs the link where it can; then playbooks/restart.yml, "
              "so that the ranks start with the usable devices in their environment (NCCL_IB_HCA)."),

@@ -80,6 +80,24 @@ options:
     type: bool
     default: false
     version_added: "1.6.0"
+  rails:
+    description:
+      - Further rails (ports besides O(ping_interface)) whose routes to the peers' addresses on them are read and
+        through which those peers are pinged at O(ping_size), as for the fabric port.
+    type: list
+    elements: dict
+    default: []
+    version_added: "1.7.0"
+    suboptions:
+      interface:
+        description: The rail's port.
+        type: str
+        required: true
+      peers:
+        description: The peers' addresses on the rail.
+        type: list
+        elements: str
+        default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - dgx_spark.llm_serving.read_only
@@ -163,6 +181,12 @@ pings:
   returned: always
   type: list
   elements: dict
+rails:
+  description: Per rail of O(rails), in order, C({interface, routes, pings}) shaped as RV(routes) and RV(pings).
+  returned: always
+  type: list
+  elements: dict
+  version_added: "1.7.0"
 """
 
 import os
@@ -297,6 +321,10 @@ def main():
             "ping_interface": {"type": "str", "default": ""},
             "ping_size": {"type": "int", "default": 0},
             "rdma": {"type": "bool", "default": False},
+            "rails": {"type": "list", "elements": "dict", "default": [], "options": {
+                "interface": {"type": "str", "required": True},
+                "peers": {"type": "list", "elements": "str", "default": []},
+            }},
         },
         supports_check_mode=True,
     )
@@ -328,6 +356,9 @@ def main():
         stats={path: _stat(path, checksum=path in p["checksum_paths"]) for path in p["stat_paths"]},
         pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
         rdma=_rdma(module) if p["rdma"] else {},
+        rails=[{"interface": rail["interface"],
+                "routes": [{"item": peer, **_run(module, "ip", "-j", "route", "get", peer)} for peer in rail["peers"]],
+                "pings": _pings(module, rail["interface"], p["ping_size"], rail["peers"])} for rail in p["rails"]],
     )
 
 

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("-i", "--instance", default="sim")
     up.add_argument("-n", "--nodes", type=int, default=2)
     up.add_argument("--knobs", default="{}", help='JSON {"spark-1": {"gpu": {...}}}')
+    up.add_argument("--site-rails", type=int, choices=(1, 2), default=2,
+                    help="rails the inventory names (the nodes always have two): 1 is a one-rail site")
     up.add_argument("--hub", action="store_true",
                     help="serve the synthetic checkpoint from a hub emulator on the bridge and point the inventory at it")
     down = sub.add_parser("down", help="tear an instance down completely")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         image.ensure_wheelhouse(cluster.CACHE_ROOT, rootfs)
         print(rootfs)
     elif args.cmd == "up":
-        c = cluster.up(args.instance, args.nodes, json.loads(args.knobs), hub=args.hub)
+        c = cluster.up(args.instance, args.nodes, json.loads(args.knobs), hub=args.hub, site_rails=args.site_rails)
         print(c.inventory)
     elif args.cmd == "down":
         cluster.down(args.instance)

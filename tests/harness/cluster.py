@@ -2,7 +2,8 @@
 
 Each node is a Debian system with systemd as PID 1 in a network namespace of
 its own. Nodes reach this machine over a management bridge and each other over
-a fabric link named like a ConnectX-7 port. No test address is routable from
+two fabric rails named like the ConnectX-7 ports of a DGX Spark's cabled QSFP
+cage (the second through a bridge in the cluster's switch namespace). No test address is routable from
 the root namespace except through the harness's own bridge, and nothing here
 touches a global network setting of the machine.
 """
@@ -38,9 +39,14 @@ MGMT_IFACE = "enP7s7"  # the DGX Spark's onboard 10GbE port
 FABRIC_IFACE = "enp1s0f1np1"  # the ConnectX-7 port NVIDIA's two-Spark guide cables
 # Its RDMA device, as mlx5 names it (the RoCE stand-in: tests/standins/units/spark-sim-roce.service).
 ROCE_HCA = "rocep1s0f1"
+# The same QSFP cage's second rail (its own PCIe link, netdev and RDMA device), cabled through a
+# bridge in the cluster's switch namespace so that a test can unplug one node's end (unplug_rail).
+RAIL2_IFACE = "enP2p1s0f1np1"
+RAIL2_HCA = "roceP2p1s0f1"
 # Two /16s no ordinary site uses; one /24 of each per cluster instance.
 MGMT_BASE = "10.231"
 FABRIC_BASE = "10.232"
+RAIL2_BASE = "10.233"  # the second rail's subnet, one /24 per instance like the fabric's
 MAX_INSTANCES = 200
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 
@@ -65,6 +71,8 @@ class Cluster:
     bridge_ip: str
     fabric_subnet: str
     switch_netns: str | None
+    # How many rails the inventory names (the nodes always have both): 1 is a one-rail site.
+    site_rails: int = 2
     nodes: list[Node] = field(default_factory=list)
     hub_pid: int = 0
     hub_url: str = ""
@@ -73,6 +81,10 @@ class Cluster:
     @property
     def state_dir(self) -> Path:
         return STATE_ROOT / self.instance
+
+    @property
+    def rail2_subnet(self) -> str:
+        return f"{RAIL2_BASE}.{self.index}.0/24"
 
     @property
     def inventory(self) -> Path:
@@ -143,7 +155,8 @@ def _lock():
     return f
 
 
-def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None, hub: bool = False) -> Cluster:
+def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None, hub: bool = False,
+       site_rails: int = 2) -> Cluster:
     if not NAME_RE.match(instance):
         raise SystemExit(f"harness: instance name {instance!r} must match {NAME_RE.pattern}")
     if nodes < 2:
@@ -162,7 +175,8 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
             bridge=f"spsim{index}br",
             bridge_ip=f"{MGMT_BASE}.{index}.1",
             fabric_subnet=f"{FABRIC_BASE}.{index}.0/24",
-            switch_netns=f"spsim-{instance}-sw" if nodes > 2 else None,
+            switch_netns=f"spsim-{instance}-sw",
+            site_rails=site_rails,
         )
         for rank in range(nodes):
             cluster.nodes.append(
@@ -405,6 +419,9 @@ def _network_up(c: Cluster) -> None:
     # The fabric subnet exists only between node namespaces; from here it
     # must fail at once rather than follow the default route off the machine.
     run(["ip", "route", "add", "unreachable", c.fabric_subnet])
+    run(["ip", "route", "add", "unreachable", c.rail2_subnet])
+    sw = c.switch_netns
+    run(["ip", "netns", "add", sw])
     for n in c.nodes:
         run(["ip", "netns", "add", n.netns])
         run(["ip", "-n", n.netns, "link", "set", "lo", "up"])
@@ -422,15 +439,30 @@ def _network_up(c: Cluster) -> None:
             run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "up"])
     else:
         # A jumbo-capable switch: a bridge in a namespace of its own.
-        sw = c.switch_netns
-        run(["ip", "netns", "add", sw])
-        run(["ip", "-n", sw, "link", "add", "fabric", "type", "bridge"])
-        run(["ip", "-n", sw, "link", "set", "fabric", "mtu", "9000", "up"])
-        for n in c.nodes:
-            port = f"port{n.rank}"
-            run(["ip", "link", "add", FABRIC_IFACE, "netns", n.netns, "type", "veth", "peer", "name", port, "netns", sw])
-            run(["ip", "-n", sw, "link", "set", port, "mtu", "9000", "master", "fabric", "up"])
-            run(["ip", "-n", n.netns, "link", "set", FABRIC_IFACE, "up"])
+        _switched(c, "fabric", FABRIC_IFACE, "port")
+    _switched(c, "rail2", RAIL2_IFACE, "rail2port")
+
+
+def _switched(c: Cluster, bridge: str, iface: str, port_prefix: str) -> None:
+    """Each node's `iface` on a jumbo-capable bridge `bridge` of the switch namespace, port `<port_prefix><rank>`."""
+    sw = c.switch_netns
+    run(["ip", "-n", sw, "link", "add", bridge, "type", "bridge"])
+    run(["ip", "-n", sw, "link", "set", bridge, "mtu", "9000", "up"])
+    for n in c.nodes:
+        port = f"{port_prefix}{n.rank}"
+        run(["ip", "link", "add", iface, "netns", n.netns, "type", "veth", "peer", "name", port, "netns", sw])
+        run(["ip", "-n", sw, "link", "set", port, "mtu", "9000", "master", bridge, "up"])
+        run(["ip", "-n", n.netns, "link", "set", iface, "up"])
+
+
+def unplug_rail(instance: str, node: str, plugged: bool = False) -> None:
+    """Pull (or, plugged=True, put back) the cable of `node`'s second rail at the switch: the node's port keeps
+    its administrative state and loses its carrier, which no run on the node can bring back."""
+    c = Cluster.load(instance)
+    if c is None:
+        raise SystemExit(f"harness: no instance {instance}")
+    n = next(n for n in c.nodes if n.name == node)
+    run(["ip", "-n", c.switch_netns, "link", "set", f"rail2port{n.rank}", "up" if plugged else "down"])
 
 
 HUB_PORT = 8080
@@ -622,6 +654,9 @@ def _nic_off(n: Node) -> list[list[str]]:
         ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "down"],
         ["ip", "-n", ns, "addr", "flush", "dev", FABRIC_IFACE],
         ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "mtu", "1500"],
+        ["ip", "-n", ns, "link", "set", RAIL2_IFACE, "down"],
+        ["ip", "-n", ns, "addr", "flush", "dev", RAIL2_IFACE],
+        ["ip", "-n", ns, "link", "set", RAIL2_IFACE, "mtu", "1500"],
         ["ip", "-n", ns, "link", "set", MGMT_IFACE, "down"],
         ["ip", "-n", ns, "addr", "flush", "dev", MGMT_IFACE],
         [*nft, "flush", "ruleset"],
@@ -636,6 +671,7 @@ def _nic_on(n: Node) -> list[list[str]]:
         ["ip", "-n", ns, "addr", "replace", f"{n.mgmt_ip}/24", "dev", MGMT_IFACE],
         ["ip", "-n", ns, "link", "set", MGMT_IFACE, "up"],
         ["ip", "-n", ns, "link", "set", FABRIC_IFACE, "up"],
+        ["ip", "-n", ns, "link", "set", RAIL2_IFACE, "up"],
     ]
 
 
@@ -742,6 +778,11 @@ def _write_inventory(c: Cluster) -> None:
                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
                 "spark_fabric_interface": FABRIC_IFACE,
                 "spark_fabric_prefix": ipaddress.ip_network(c.fabric_subnet).prefixlen,
+                **(
+                    {"spark_fabric_extra_rails": [{"interface": RAIL2_IFACE, "subnet": c.rail2_subnet}]}
+                    if c.site_rails > 1
+                    else {}
+                ),
                 "spark_sim_controller_ip": c.bridge_ip,
                 **(
                     {
@@ -805,6 +846,7 @@ def _down(c: Cluster) -> None:
     if c.switch_netns:
         run(["ip", "netns", "del", c.switch_netns], check=False, quiet=True)
     run(["ip", "route", "del", "unreachable", c.fabric_subnet], check=False, quiet=True)
+    run(["ip", "route", "del", "unreachable", c.rail2_subnet], check=False, quiet=True)
     run(["ip", "link", "del", c.bridge], check=False, quiet=True)
     for cg in _cgroup_dirs(c.instance):
         _rmdir_tree(cg)
@@ -865,7 +907,8 @@ def leftovers(instance: str | None = None, index: int | None = None) -> list[str
     found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(ns_prefix)]
     links = run(["ip", "-o", "link", "show"], capture=True)
     found += [f"link {m}" for m in re.findall(rf"^\d+: ({link_re})[:@]", links, re.M)]
-    subnets = [f"{MGMT_BASE}.{index}.", f"{FABRIC_BASE}.{index}."] if index is not None else [MGMT_BASE, FABRIC_BASE]
+    bases = (MGMT_BASE, FABRIC_BASE, RAIL2_BASE)
+    subnets = [f"{b}.{index}." for b in bases] if index is not None else list(bases)
     routes = run(["ip", "route", "show"], capture=True)
     found += [f"route {line}" for line in routes.splitlines() if any(s in line for s in subnets)]
     work = str(WORK_ROOT / instance) if instance else str(WORK_ROOT)

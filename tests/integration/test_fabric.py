@@ -13,6 +13,7 @@ come last.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -40,6 +41,9 @@ RDMA_TASK = "Show whether NCCL can use RoCE on the fabric port, and why not"
 RDMA_BW_INCLUDE = "Measure RDMA write bandwidth from the head to each worker"
 RDMA_BW_TASK = "Show the RDMA bandwidth of each rail and check it against the minimum"
 HCA = "rocep1s0f1"
+# The second rail of the cabled QSFP cage, which the harness inventory names (spark_fabric_extra_rails).
+RAIL2, HCA2 = sim.RAIL2_IFACE, sim.RAIL2_HCA
+RAIL_TASK = "Check each further rail's port, routes to the peers and full-size frames"
 # The RoCE stand-in's settings as a node boots (tests/standins/README.md).
 ROCE_DEFAULTS = {"roce_v2": True, "port_state": "auto", "max_mtu": 4096}
 
@@ -63,7 +67,8 @@ def reset_fabric(cluster) -> None:
     """Back to a node as delivered: no fabric file, no address, MTU 1500, no fabric key or pins."""
     for n in cluster.nodes:
         sim.ssh(n, f"rm -f {NETPLAN} {KEY} {KEY}.pub && netplan apply && ip addr flush dev {IFACE} "
-                   f"&& ip link set {IFACE} mtu 1500 && sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys "
+                   f"&& ip link set {IFACE} mtu 1500 && ip addr flush dev {RAIL2} && ip link set {RAIL2} mtu 1500 "
+                   "&& sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys "
                    "&& rm -f /root/.ssh/known_hosts && (nft flush ruleset || true)")
 
 
@@ -106,11 +111,19 @@ def configured(sim_cluster, sim_inventory):
     return sim_cluster
 
 
+def rail2_ip(cluster, host: str) -> str:
+    """`host`'s address on the second rail: the rail's subnet with its host number on the fabric."""
+    n = next(n for n in cluster.nodes if n.name == host)
+    host_number = int(ipaddress.ip_address(n.fabric_ip)) - int(ipaddress.ip_network(cluster.fabric_subnet).network_address)
+    return str(ipaddress.ip_network(cluster.rail2_subnet).network_address + host_number)
+
+
 def untouched(cluster) -> None:
     for n in cluster.nodes:
         assert sim.ssh(n, f"test -e {NETPLAN} && echo present || echo absent").strip() == "absent"
         assert "mtu 1500" in sim.ssh(n, f"ip link show {IFACE}")
         assert "inet " not in sim.ssh(n, f"ip -4 addr show dev {IFACE}")
+        assert "inet " not in sim.ssh(n, f"ip -4 addr show dev {RAIL2}")
 
 
 def inventory_variant(sim_cluster, tmp_path, edit) -> Path:
@@ -152,6 +165,10 @@ def bad_fabric_input(spark):
     worker = spark["children"]["spark_workers"]["hosts"]["spark-1"]
     head.update(spark_fabric_interface="enp1s0f0np0", fabric_mtu=9300)  # no such port; MTU too high
     worker.update(spark_fabric_ip="10.233.77.11", fabric_mtu=1000)  # off the head's subnet; MTU too low
+    # A rail in the fabric port's own subnet on the head, a rail subnet with host bits set on the worker.
+    fabric_subnet = spark["vars"]["spark_fabric_extra_rails"][0]["subnet"].replace("10.233.", "10.232.")
+    head.update(spark_fabric_extra_rails=[{"interface": RAIL2, "subnet": fabric_subnet}])
+    worker.update(spark_fabric_extra_rails=[{"interface": RAIL2, "subnet": "10.234.0.7/24"}])
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +179,8 @@ def refusal(delivered, sim_inventory, tmp_path_factory):
       once: no head, and both hosts given one fabric address (`-e spark_fabric_ip`).
     - "two-heads": the other head layout it refuses (one inventory holds one layout).
     - "input": the role's input check, one message per host naming every bad setting of that host: the head
-      with a port it does not have and MTU 9300, the worker off the common subnet with MTU 1000.
+      with a port it does not have, MTU 9300 and a rail in the fabric's subnet, the worker off the common subnet with
+      MTU 1000 and a rail subnet with host bits set.
     """
     runs = {}
 
@@ -201,7 +219,18 @@ def test_refuses_anything_but_one_head(fresh, refusal, heads):
 
 def test_refuses_missing_interface(fresh, refusal):
     result = refusal("input")  # spark-0's spark_fabric_interface is enp1s0f0np0
-    assert_refused(result, fresh, "fabric_interface (spark_fabric_interface) is enp1s0f0np0", f"it has {IFACE}, enP7s7, lo")
+    assert_refused(result, fresh, "fabric_interface (spark_fabric_interface) is enp1s0f0np0",
+                   f"it has {IFACE}, {RAIL2}, enP7s7, lo")
+
+
+def test_refuses_a_rail_that_cannot_work(fresh, refusal):
+    result = refusal("input")  # spark-0's rail in the fabric's subnet, spark-1's with host bits set
+    said = " ".join(messages(result).split())
+    assert_refused(result, fresh, "fabric_extra_rails (spark_fabric_extra_rails)[0].subnet")
+    assert "spark-0: fabric_extra_rails (spark_fabric_extra_rails)[0].subnet 10.232." in said, said
+    assert "overlaps the fabric port's subnet" in said and "Fix: give each rail a subnet of its own" in said, said
+    assert "spark-1: fabric_extra_rails (spark_fabric_extra_rails)[0].subnet is '10.234.0.7/24'" in said, said
+    assert "has host bits set" in said, said
 
 
 @pytest.mark.parametrize("mtu", [9300, 1000])
@@ -238,18 +267,26 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
         # The RoCE device behind the port (the stand-in's), read again after netplan apply gave the port its
         # address and MTU: ACTIVE, RDMA at 4096, the RoCE v2 GID of the new address (index 3: after the link-local
         # v1 and v2 entries and the address's v1 one).
-        assert facts["fabric_ib_hcas"] == [HCA]
+        # Both rails' devices, the fabric port's first; the bootstrap sockets stay on the fabric port.
+        assert facts["fabric_ib_hcas"] == [HCA, HCA2]
         assert facts["fabric_ib_gid_index"] == "3"
         assert facts["fabric_env"] == {"NCCL_SOCKET_IFNAME": IFACE, "GLOO_SOCKET_IFNAME": IFACE,
                                        "TP_SOCKET_IFNAME": IFACE, "SGLANG_HOST_IP": ip,
-                                       "NCCL_IB_HCA": HCA, "NCCL_IB_GID_INDEX": "3"}
+                                       "NCCL_IB_HCA": f"{HCA},{HCA2}", "NCCL_IB_GID_INDEX": "3"}
+        ip2 = rail2_ip(fresh, host)
         said = first.results(RDMA_TASK)[host]["msg"]
-        assert said == f"{host}: {HCA} port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ip}).", said
+        assert said == (f"{host}: {HCA} port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ip}); "
+                        f"{HCA2} port 1 ({RAIL2}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ip2})."), said
+        peer = next(rail2_ip(fresh, n.name) for n in fresh.nodes if n.name != host)
+        said = " ".join(first.results(RAIL_TASK)[host]["msg"].split())
+        assert said == f"{host}: rail {RAIL2} ({ip2}/24, MTU 9000) reaches {peer} with full-size frames.", said
     # RDMA moved data between the rails the ranks are given (the stand-in's figure; its exchange is real TCP
     # between the fabric addresses).
-    (measured,) = first.results(RDMA_BW_TASK)["spark-0"]["results"]
-    assert measured["msg"] == (f"spark-0 {HCA} -> spark-1 {HCA}: RDMA write 97.50 Gbit/s "
-                               "(no minimum set: fabric_rdma_min_gbps)."), measured
+    measured = first.results(RDMA_BW_TASK)["spark-0"]["results"]
+    assert [m["msg"] for m in measured] == [f"spark-0 {hca} -> spark-1 {hca}: RDMA write 97.50 Gbit/s "
+                                            "(no minimum set: fabric_rdma_min_gbps)." for hca in (HCA, HCA2)], measured
+    # Each rail's exchange went to the worker's address on that rail.
+    assert [m["item"]["item"]["address"] for m in measured] == [fresh.nodes[1].fabric_ip, rail2_ip(fresh, "spark-1")]
 
     second = run_playbook(PLAYBOOK, sim_inventory)
     assert second.rc == 0, second.failure_messages()
@@ -274,6 +311,7 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     assert floor.rc != 0 and floor.changed == []
     said = " ".join(messages(floor).split())
     assert f"spark-0 {HCA} -> spark-1 {HCA} over {IFACE}: 97.50 Gbit/s, below fabric_rdma_min_gbps 150" in said, said
+    assert f"spark-0 {HCA2} -> spark-1 {HCA2} over {RAIL2}: 97.50 Gbit/s, below fabric_rdma_min_gbps 150" in said, said
 
     again = run_playbook(PLAYBOOK, sim_inventory, check=True, diff=True)
     assert again.rc == 0, again.failure_messages()
@@ -355,8 +393,8 @@ def test_a_missing_piece_of_the_ssh_trust_is_put_back(configured, sim_inventory)
 DRIFT_TASK = "Report the fabric port's drift from the configuration, and repair it"
 
 
-def port(n) -> dict:
-    link = json.loads(sim.ssh(n, f"ip -j addr show dev {IFACE}"))[0]
+def port(n, iface=IFACE) -> dict:
+    link = json.loads(sim.ssh(n, f"ip -j addr show dev {iface}"))[0]
     return {"up": "UP" in link["flags"], "carrier": "NO-CARRIER" not in link["flags"], "mtu": link["mtu"],
             "addresses": [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["family"] == "inet"]}
 
@@ -370,17 +408,20 @@ def test_mtu_and_link_drift_are_repaired_and_reported(configured, sim_inventory)
     other (its peer loses the carrier, networkd drops the address). fabric.yml reports and repairs both."""
     head, worker = configured.nodes
     changing_by_hand()
-    sim.ssh(worker, f"ip link set {IFACE} mtu 1500")
+    sim.ssh(worker, f"ip link set {IFACE} mtu 1500 && ip link set {RAIL2} mtu 1500")
     sim.ssh(head, f"ip link set {IFACE} down")
     result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
     assert result.rc == 0, messages(result) or result.stdout[-4000:]
     drift = {h: r["msg"] for h, r in result.results(DRIFT_TASK).items() if not r.get("skipped")}
     assert f"{IFACE} is down (set down by hand" in drift[head.name] and f"ip link set {IFACE} up" in drift[head.name]
     assert f"{IFACE} has MTU 1500, configured 9000" in drift[worker.name]
+    assert f"{RAIL2} has MTU 1500, configured 9000" in drift[worker.name]
     assert {d["host"] for d in result.changed if d["task"] == APPLY_TASK} == {head.name, worker.name}
-    assert [d["host"] for d in result.changed if d["task"] == "Bring the fabric port up"] == [head.name]
+    assert [d["host"] for d in result.changed if d["task"] == "Bring the fabric port and rails up"] == [head.name]
     for n in configured.nodes:
         assert port(n) == {"up": True, "carrier": True, "mtu": 9000, "addresses": [f"{n.fabric_ip}/24"]}, n.name
+        assert port(n, RAIL2) == {"up": True, "carrier": True, "mtu": 9000,
+                                  "addresses": [f"{rail2_ip(configured, n.name)}/24"]}, n.name
     again = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
     assert again.rc == 0 and again.changed == []
     proven_converged(again)
@@ -413,10 +454,12 @@ def test_active_nftables_firewall_opens_only_the_fabric_to_peers(configured, sim
         result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
         assert result.rc == 0, result.failure_messages()
         for n in configured.nodes:
-            peer = next(p for p in configured.nodes if p is not n).fabric_ip
+            other = next(p for p in configured.nodes if p is not n)
+            peer, peer2 = other.fabric_ip, rail2_ip(configured, other.name)
             rules = sim.ssh(n, "nft list chain inet filter input")
             assert f'iifname "{IFACE}" ip saddr {peer} counter' in rules and f'comment "spark-fabric from {peer}"' in rules
-            assert rules.count("spark-fabric") == 1
+            assert f'iifname "{RAIL2}" ip saddr {peer2} counter' in rules, rules
+            assert rules.count("spark-fabric") == 2
         again = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
         assert again.rc == 0 and again.changed == []
     finally:
@@ -486,11 +529,46 @@ def test_each_cause_that_keeps_nccl_off_rdma_is_named(configured, sim_inventory)
                "is 1024" in said[worker.name], said
         assert f"active MTU 4096, {worker.name} has 1024: RDMA between them runs at 1024" in said[head.name], said
         assert "falls back" not in said[head.name] + said[worker.name]
-        # Still RDMA, at the smaller MTU: the ranks get the device.
-        assert all(r["ansible_facts"]["fabric_ib_hcas"] == [HCA] for r in capped.results(FACTS_TASK).values())
+        # Still RDMA, at the smaller MTU: the ranks get the devices.
+        assert all(r["ansible_facts"]["fabric_ib_hcas"] == [HCA, HCA2] for r in capped.results(FACTS_TASK).values())
     finally:
         for n in configured.nodes:
             roce(configured, n, **ROCE_DEFAULTS)
+
+
+def test_a_rail_down_is_a_warning_with_its_cause_and_the_ranks_keep_the_other(configured, sim_inventory):
+    """The worker's second rail loses its cable at the switch: no run can bring it back. Both nodes warn with the
+    cause, nothing fails or changes, every rank is given the fabric port's device only (NCCL pairs the ranks' devices
+    by order), and the RDMA bandwidth is measured on the rail that works. Plugged back, the ranks get both again."""
+    head, worker = configured.nodes
+    changing_by_hand()
+    sim.unplug_rail(configured.instance, worker.name)
+    try:
+        result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_rdma_bw_always": True,
+                                                                  "fabric_rdma_required": True})
+        assert result.rc == 0 and result.changed == [], messages(result) or result.stdout[-4000:]
+        rail = {h: " ".join(r["msg"].split()) for h, r in result.results(RAIL_TASK).items()}
+        assert f"{worker.name}: WARNING: rail {RAIL2} is up with NO CARRIER" in rail[worker.name], rail
+        assert "the ranks run on the other rails until it is fixed" in rail[worker.name], rail
+        assert f"does not answer: {worker.name}'s {RAIL2} has no carrier" in rail[head.name], rail
+        rdma = {h: " ".join(r["msg"].split()) for h, r in result.results(RDMA_TASK).items()}
+        assert f"{HCA2} port 1 is DOWN because {RAIL2} has no link" in rdma[worker.name], rdma
+        assert f"NCCL runs RDMA on {HCA} only" in rdma[worker.name] and "socket" not in rdma[worker.name], rdma
+        assert f"rail {RAIL2} is left out of NCCL_IB_HCA: {worker.name} cannot use it" in rdma[head.name], rdma
+        for host, res in result.results(FACTS_TASK).items():
+            assert res["ansible_facts"]["fabric_ib_hcas"] == [HCA], host
+            assert res["ansible_facts"]["fabric_env"]["NCCL_IB_HCA"] == HCA, host
+        measured = result.results(RDMA_BW_TASK)["spark-0"]["results"]
+        assert [m["item"]["item"]["rail"] for m in measured] == [IFACE], measured
+    finally:
+        sim.unplug_rail(configured.instance, worker.name, plugged=True)
+    # networkd puts the rail's address back with the carrier; the run after it finds both rails as configured.
+    sim.ssh(worker, f"timeout 20 sh -c 'until ip -4 addr show dev {RAIL2} | grep -q inet; do sleep 0.1; done'")
+    back = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0})
+    assert back.rc == 0 and back.changed == [], messages(back)
+    assert all(r["ansible_facts"]["fabric_ib_hcas"] == [HCA, HCA2] for r in back.results(FACTS_TASK).values())
+    assert "WARNING" not in " ".join(r["msg"] for r in back.results(RAIL_TASK).values())
+    proven_converged(back)
 
 
 def test_what_a_run_cannot_repair_is_named_by_its_cause(configured, sim_inventory):

@@ -122,8 +122,9 @@ def test_roce_standin_follows_the_fabric_port_and_its_knobs(sim_cluster):
     hca = f"/sys/class/infiniband/{sim.ROCE_HCA}"
     port = f"{hca}/ports/1"
     devinfo = f"ibv_devinfo -d {sim.ROCE_HCA} -i 1"
-    # The product's own discovery: the HCAs whose netdev is the fabric port.
-    assert sh(node, "ls -d /sys/class/infiniband/*/device/net/*").split() == [f"{hca}/device/net/{dev}"]
+    # The product's own discovery: each HCA with its netdev, both rails of the cabled cage.
+    assert set(sh(node, "ls -d /sys/class/infiniband/*/device/net/*").split()) == {
+        f"{hca}/device/net/{dev}", f"/sys/class/infiniband/{sim.RAIL2_HCA}/device/net/{sim.RAIL2_IFACE}"}
     assert sh(node, f"cat {port}/state {port}/phys_state {port}/link_layer").splitlines() == [
         "4: ACTIVE", "5: LinkUp", "Ethernet"]
     gid = "0000:0000:0000:0000:0000:ffff:" + ipaddress.IPv4Address(node.fabric_ip).packed.hex(":", 2)
@@ -172,6 +173,15 @@ def test_three_nodes_on_a_switch_and_complete_teardown():
         for n in c.nodes:
             sim.ssh(n, f"ip addr add {n.fabric_ip}/24 dev {sim.FABRIC_IFACE}")
         assert "1 received" in sim.ssh(c.nodes[0], f"ping -c1 -W2 {c.nodes[2].fabric_ip}")
+        # The second rail through its own bridge of the switch: unplugging one node's cable takes its carrier.
+        rail2 = c.rail2_subnet.rsplit(".", 1)[0]
+        for n in c.nodes:
+            sim.ssh(n, f"ip addr add {rail2}.{10 + n.rank}/24 dev {sim.RAIL2_IFACE}")
+        assert "1 received" in sim.ssh(c.nodes[0], f"ping -c1 -W2 {rail2}.12")
+        sim.unplug_rail("tdown", "spark-2")
+        assert "NO-CARRIER" in sim.ssh(c.nodes[2], f"ip link show {sim.RAIL2_IFACE}")
+        sim.unplug_rail("tdown", "spark-2", plugged=True)
+        assert "NO-CARRIER" not in sim.ssh(c.nodes[2], f"ip link show {sim.RAIL2_IFACE}")
         # Keep an SSH master open, as Ansible's ControlPersist does, across the shutdown.
         key, _ = sim.key_paths()
         master = subprocess.Popen(

@@ -216,8 +216,8 @@ def test_unit_and_env_file_on_every_node(serving):
         assert env["HF_HUB_OFFLINE"] == "1"
         for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
             assert env[name] == sim.FABRIC_IFACE, (node.name, name, env)
-        # The RoCE device behind the fabric port (the stand-in's) and the RoCE v2 GID of the fabric address.
-        assert (env["NCCL_IB_HCA"], env["NCCL_IB_GID_INDEX"]) == ("rocep1s0f1", "3"), (node.name, env)
+        # Both rails' RoCE devices (the stand-in's), the fabric port's first, and the RoCE v2 GID of their addresses.
+        assert (env["NCCL_IB_HCA"], env["NCCL_IB_GID_INDEX"]) == ("rocep1s0f1,roceP2p1s0f1", "3"), (node.name, env)
         unit = ssh(node, f"cat {UNIT_PATH}")
         assert f"--dist-init-addr {head.fabric_ip}:20000" in unit
         assert f"--node-rank {node.rank}" in unit

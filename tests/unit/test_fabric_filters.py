@@ -96,6 +96,8 @@ def test_port_reads_admin_state_carrier_mtu_and_addresses():
     (addrs(mtu=1500), ["enp1s0f1np1 has MTU 1500, configured 9000"]),
     (addrs(flags=("BROADCAST", "MULTICAST")), ["enp1s0f1np1 is down (set down by hand: ip link set enp1s0f1np1 down)"]),
     (addrs(local=None), ["enp1s0f1np1 lacks its address 192.168.100.10/24 (has none)"]),
+    # A cable out: networkd takes the address off with the carrier and puts it back with it; nothing to repair.
+    (addrs(flags=("NO-CARRIER", "BROADCAST", "UP"), local=None), []),
     (addrs(name="enp9s0"), []),
 ])
 def test_drift_is_what_netplan_apply_and_a_link_up_put_back(live, drift):
@@ -145,6 +147,9 @@ def test_peer_port_is_the_last_reading_of_its_own_play():
 IFACE, ADDR = "enp1s0f1np1", "10.232.1.10"
 MAPPED = "0000:0000:0000:0000:0000:ffff:0ae8:010a"  # ::ffff:10.232.1.10, as sysfs writes it
 LINK_LOCAL = "fe80:0000:0000:0000:0a00:27ff:fe00:0001"
+RAIL = {"interface": IFACE, "ip": ADDR, "primary": True}
+RAIL2, ADDR2 = "enP2p1s0f1np1", "10.233.1.10"
+MAPPED2 = "0000:0000:0000:0000:0000:ffff:0ae9:010a"  # ::ffff:10.233.1.10
 
 
 def rdma(*, state="ACTIVE", phys="LinkUp", v2=True, active=4096, max_mtu=4096, netdev=IFACE, devinfo_rc=0, address=True):
@@ -167,8 +172,9 @@ def test_roce_mtu_is_the_largest_ib_mtu_that_fits_after_the_roce_headers(netdev_
 
 
 def test_a_usable_device_gives_the_ranks_its_name_and_the_v2_gid_index_of_the_fabric_address():
-    assert fabric.fabric_rdma_usable(rdma(), IFACE, ADDR) == {"hcas": ["rocep1s0f1"], "gid_index": 3}
-    report = fabric.fabric_rdma_report({"spark-0": rdma(), "spark-1": rdma()}, "spark-0", IFACE, ADDR, 9000)
+    assert fabric.fabric_rdma_usable(rdma(), RAIL) == {"hcas": ["rocep1s0f1"], "gid_index": 3,
+                                                     "gid_indexes": {"rocep1s0f1": 3}}
+    report = fabric.fabric_rdma_report({"spark-0": rdma(), "spark-1": rdma()}, "spark-0", [RAIL], 9000)
     assert report["warnings"] == []
     assert report["lines"] == [f"rocep1s0f1 port 1 ({IFACE}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ADDR})"]
 
@@ -182,25 +188,25 @@ def test_a_usable_device_gives_the_ranks_its_name_and_the_v2_gid_index_of_the_fa
     (rdma(address=False), f"has no GID for {ADDR}"),
 ])
 def test_each_cause_of_a_socket_fallback_is_named_and_nothing_is_given_to_nccl(reading, cause):
-    assert fabric.fabric_rdma_usable(reading, IFACE, ADDR) == {"hcas": [], "gid_index": None}
-    report = fabric.fabric_rdma_report({"spark-0": reading}, "spark-0", IFACE, ADDR, 9000)
+    assert fabric.fabric_rdma_usable(reading, RAIL) == {"hcas": [], "gid_index": None, "gid_indexes": {}}
+    report = fabric.fabric_rdma_report({"spark-0": reading}, "spark-0", [RAIL], 9000)
     assert len(report["warnings"]) == 1, report
     assert cause in report["warnings"][0] and "falls back to its socket transport" in report["warnings"][0], report
 
 
 def test_an_active_mtu_below_the_fabric_mtu_or_a_peers_is_a_warning_that_still_gives_rdma():
     capped = fabric.fabric_rdma_report({"spark-0": rdma(active=1024, max_mtu=1024), "spark-1": rdma()},
-                                       "spark-0", IFACE, ADDR, 9000)
+                                       "spark-0", [RAIL], 9000)
     assert capped["usable"]["hcas"] == ["rocep1s0f1"]
     assert [w for w in capped["warnings"] if "active MTU of 1024, not the 4096" in w and "maximum is 1024" in w]
     assert [w for w in capped["warnings"] if "spark-1 has 4096: RDMA between them runs at 1024" in w]
     peer = fabric.fabric_rdma_report({"spark-0": rdma(), "spark-1": rdma(active=1024, max_mtu=1024)},
-                                     "spark-0", IFACE, ADDR, 9000)
+                                     "spark-0", [RAIL], 9000)
     assert [w for w in peer["warnings"] if "spark-1 has 1024" in w] and len(peer["warnings"]) == 1
 
 
 def test_without_ibv_devinfo_the_active_mtu_is_a_line_not_a_guess():
-    report = fabric.fabric_rdma_report({"spark-0": rdma(devinfo_rc=127)}, "spark-0", IFACE, ADDR, 9000)
+    report = fabric.fabric_rdma_report({"spark-0": rdma(devinfo_rc=127)}, "spark-0", [RAIL], 9000)
     assert report["warnings"] == []
     assert any("ibv_devinfo is not installed (apt install ibverbs-utils)" in line for line in report["lines"])
 
@@ -242,17 +248,17 @@ def test_the_probe_reads_each_ports_mtus_from_ibv_devinfo():
 
 
 def test_rails_usable_on_both_ends_are_measured_each_on_a_port_of_its_own():
-    ips = {"spark-0": ADDR, "spark-1": ADDR, "spark-2": ADDR}
+    ips = {"spark-0": [ADDR], "spark-1": [ADDR], "spark-2": [ADDR]}
     perftest = {"ib_write_bw": "/usr/bin/ib_write_bw"}
     reads = {"spark-0": {**rdma(), **perftest}, "spark-1": {**rdma(), **perftest},
              "spark-2": {**rdma(state="DOWN"), **perftest}}
-    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1", "spark-2"], IFACE, ips=ips, port=18515)
+    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1", "spark-2"], [IFACE], rail_ips=ips, port=18515)
     # spark-2's rail is not usable: its own warning says why, and nothing is measured there.
     assert plan == {"unmeasured": [], "pairs": [
-        {"worker": "spark-1", "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3, "worker_hca": "rocep1s0f1",
+        {"worker": "spark-1", "rail": IFACE, "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3, "worker_hca": "rocep1s0f1",
          "worker_gid": 3, "port": 18515}]}
     reads["spark-1"] = rdma()
-    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], IFACE, ips=ips, port=18515)
+    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], [IFACE], rail_ips=ips, port=18515)
     assert plan["pairs"] == []
     assert plan["unmeasured"] == ["spark-0 -> spark-1: RDMA bandwidth not measured: ib_write_bw is not installed on "
                                   "spark-1 (apt install perftest)"]
@@ -264,3 +270,114 @@ def test_the_write_bandwidth_is_the_average_of_the_result_line():
            "---------------------------------------------------------------------------------------\n")
     assert fabric.fabric_write_bw_gbps(out) == 97.5
     assert fabric.fabric_write_bw_gbps("Couldn't connect to 10.0.0.1:18515") is None
+
+
+def two_rails(*, second_state="ACTIVE", second_gid=3, second_netdev=RAIL2):
+    """A node's reading with both ConnectX-7 rails: the fabric port's device and the second rail's."""
+    first = rdma()
+    port = {"port": 1, "state": second_state, "phys_state": "LinkUp", "link_layer": "Ethernet",
+            "gids": [{"index": second_gid, "gid": MAPPED2, "type": "RoCE v2", "ndev": second_netdev}],
+            "active_mtu": 4096, "max_mtu": 4096}
+    first["devices"].append({"name": "roceP2p1s0f1", "netdevs": [second_netdev], "ports": [port]})
+    return first
+
+
+RAILS = [RAIL, {"interface": RAIL2, "ip": ADDR2, "primary": False}]
+
+
+def test_a_rail_takes_the_nodes_host_number_in_its_own_subnet():
+    extra = [{"interface": RAIL2, "subnet": "10.233.1.0/24"}]
+    assert fabric.fabric_rails(extra, IFACE, ADDR, 24) == [
+        {"interface": IFACE, "ip": ADDR, "prefix": 24, "primary": True},
+        {"interface": RAIL2, "ip": ADDR2, "prefix": 24, "primary": False}]
+    assert fabric.fabric_rail_ips(["a"], {"a": ADDR}, {"a": 24}, extra) == {"a": [ADDR, ADDR2]}
+    assert fabric.fabric_rail_address("192.168.100.11", 24, "192.168.101.0/24") == "192.168.101.11"
+    # No room for host number 200 in a /25, and none for a subnet that is no network.
+    assert fabric.fabric_rail_address("192.168.100.200", 24, "192.168.101.0/25") == ""
+    assert fabric.fabric_rail_address("192.168.100.11", 24, "192.168.101.7/24") == ""
+    assert fabric.fabric_rails_errors([], IFACE, ADDR, 24, [IFACE]) == []
+    assert fabric.fabric_rails_errors(extra, IFACE, ADDR, 24, [IFACE, RAIL2]) == []
+
+
+@pytest.mark.parametrize(("extra", "problem"), [
+    ("enP2p1s0f1np1", "it must be a list of {interface, subnet}"),
+    ([{"interface": RAIL2}], "each rail needs an interface and a subnet"),
+    ([{"interface": IFACE, "subnet": "10.233.1.0/24"}], "which is already the fabric port"),
+    ([{"interface": RAIL2, "subnet": "10.233.1.0/24"}, {"interface": RAIL2, "subnet": "10.234.1.0/24"}],
+     "which is already another rail"),
+    ([{"interface": "enP9s9", "subnet": "10.233.1.0/24"}], "which this node does not have"),
+    ([{"interface": RAIL2, "subnet": "10.233.1.7/24"}], "has host bits set"),
+    ([{"interface": RAIL2, "subnet": "10.233.1.0/31"}], "prefix /31 is outside 8..30"),
+    ([{"interface": RAIL2, "subnet": "10.232.0.0/16"}], "overlaps the fabric port's subnet"),
+    ([{"interface": RAIL2, "subnet": "10.233.1.0/29"}], "has no room for this node's host number"),
+])
+def test_a_rail_that_cannot_work_is_refused_with_its_fix(extra, problem):
+    errors = fabric.fabric_rails_errors(extra, IFACE, ADDR, 24, [IFACE, RAIL2])
+    assert len(errors) == 1 and problem in errors[0] and "Fix:" in errors[0], errors
+    assert errors[0].startswith("fabric_extra_rails (spark_fabric_extra_rails)"), errors
+
+
+def test_both_rails_are_given_to_the_ranks_with_their_shared_gid_index():
+    assert fabric.fabric_rdma_usable(two_rails(), RAILS) == {
+        "hcas": ["rocep1s0f1", "roceP2p1s0f1"], "gid_index": 3, "gid_indexes": {"rocep1s0f1": 3, "roceP2p1s0f1": 3}}
+    report = fabric.fabric_rdma_report({"spark-0": two_rails()}, "spark-0", RAILS, 9000)
+    assert report["warnings"] == []
+    assert report["lines"][1] == f"roceP2p1s0f1 port 1 ({RAIL2}): ACTIVE, active MTU 4096, RoCE v2 GID index 3 ({ADDR2})"
+    # GID indexes that differ: no NCCL_IB_GID_INDEX, said so.
+    mixed = fabric.fabric_rdma_report({"spark-0": two_rails(second_gid=5)}, "spark-0", RAILS, 9000)
+    assert mixed["usable"]["gid_index"] is None and mixed["usable"]["hcas"] == ["rocep1s0f1", "roceP2p1s0f1"]
+    assert "NCCL_IB_GID_INDEX is left unset" in mixed["lines"][-1]
+
+
+def test_a_rail_down_is_a_warning_and_the_ranks_keep_the_other():
+    report = fabric.fabric_rdma_report({"spark-0": two_rails(second_state="DOWN")}, "spark-0", RAILS, 9000)
+    assert report["usable"]["hcas"] == ["rocep1s0f1"]
+    (warning,) = report["warnings"]
+    assert "roceP2p1s0f1 port 1 is DOWN although enP2p1s0f1np1 has its link" in warning
+    assert "NCCL runs RDMA on rocep1s0f1 only" in warning and "socket" not in warning
+
+
+def test_the_ranks_get_only_the_rails_every_member_can_use():
+    ips = {"spark-0": [ADDR, ADDR2], "spark-1": [ADDR, ADDR2]}
+    reads = {"spark-0": two_rails(), "spark-1": two_rails(second_state="DOWN")}
+    group = fabric.fabric_rdma_group_usable(two_rails(), "spark-0", [IFACE, RAIL2], rail_ips=ips, reads=reads)
+    assert group["hcas"] == ["rocep1s0f1"] and group["gid_index"] == 3
+    assert group["left_out"] == [f"rail {RAIL2} is left out of NCCL_IB_HCA: spark-1 cannot use it (its warning names "
+                                 "why), and every rank is given the same rails"]
+    # Read alone (server.yml's facts entry point): its own rails.
+    alone = fabric.fabric_rdma_group_usable(two_rails(), "spark-0", [IFACE, RAIL2], rail_ips=ips, reads={})
+    assert alone["hcas"] == ["rocep1s0f1", "roceP2p1s0f1"] and alone["left_out"] == []
+
+
+def test_a_second_rail_with_a_link_that_is_not_configured_is_named():
+    report = fabric.fabric_rdma_report({"spark-0": two_rails()}, "spark-0", [RAIL], 9000)
+    assert report["usable"]["hcas"] == ["rocep1s0f1"]
+    (warning,) = report["warnings"]
+    assert f"roceP2p1s0f1 port 1 ({RAIL2}) has a link but is no rail" in warning
+    assert "Fix: add each to spark_fabric_extra_rails" in warning
+
+
+def test_each_rail_is_measured_between_its_own_devices_and_addresses():
+    perftest = {"ib_write_bw": "/usr/bin/ib_write_bw"}
+    reads = {"spark-0": {**two_rails(), **perftest}, "spark-1": {**two_rails(), **perftest}}
+    # Both readings carry the GIDs of .10: the worker reads as if it had the head's addresses.
+    ips = {"spark-0": [ADDR, ADDR2], "spark-1": [ADDR, ADDR2]}
+    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], [IFACE, RAIL2], rail_ips=ips, port=18515)
+    assert [(p["rail"], p["head_hca"], p["worker_hca"], p["address"], p["port"]) for p in plan["pairs"]] == [
+        (IFACE, "rocep1s0f1", "rocep1s0f1", ADDR, 18515),
+        (RAIL2, "roceP2p1s0f1", "roceP2p1s0f1", ADDR2, 18516)]
+
+
+def test_a_rail_fault_is_named_by_its_cause():
+    up = [{"ifname": RAIL2, "flags": ["BROADCAST", "UP", "LOWER_UP"], "mtu": 9000,
+           "addr_info": [{"family": "inet", "local": ADDR2, "prefixlen": 24}]}]
+    rail = {"interface": RAIL2, "ip": ADDR2, "prefix": 24}
+    route = {"item": "10.233.1.11", "rc": 0, "stdout": json.dumps([{"dev": RAIL2, "prefsrc": ADDR2}])}
+    ok = {"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 0}]}
+    kw = {"mtu": 9000, "peers": ["10.233.1.11"], "peer_ports": []}
+    assert fabric.fabric_rail_faults(ok, up, rail, **kw) == []
+    no_carrier = [{**up[0], "flags": ["NO-CARRIER", "BROADCAST", "UP"], "addr_info": []}]
+    (fault,) = fabric.fabric_rail_faults({}, no_carrier, rail, **kw)
+    assert fault.startswith(f"rail {RAIL2} is up with NO CARRIER") and "no carrier although the peer's port is up" in fault
+    small = {"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 1, "small": {"rc": 0}}]}
+    assert "answers small pings but not 8972-byte ones" in fabric.fabric_rail_faults(small, up, rail, **kw)[0]

@@ -294,6 +294,10 @@ def test_the_collector_counts_the_rdma_ports_nccl_can_use_behind_the_fabric_inte
     assert sample(found, "spark_rdma_port_active", device="rocep1s0f1", port="1", netdev="enp1s0f1np1") == 1
     assert sample(found, "spark_rdma_port_active", device="roceP2p1s0f1", port="1", netdev="enP2p1s0f1np1") == 0
     assert sample(found, "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 1
+    # Two rails: one sample each; the second rail's port is DOWN.
+    both = collect(tmp_path, *args, "--fabric-interface", "enP2p1s0f1np1")
+    assert sample(both, "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 1
+    assert sample(both, "spark_rdma_fabric_ports_usable", netdev="enP2p1s0f1np1") == 0
     # Only a RoCE v1 GID for the address: NCCL (RoCE v2) cannot use the port.
     (rdma / "rocep1s0f1/ports/1/gid_attrs/types/3").write_text("IB/RoCE v1\n")
     assert sample(collect(tmp_path, *args), "spark_rdma_fabric_ports_usable", netdev="enp1s0f1np1") == 0

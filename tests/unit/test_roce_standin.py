@@ -157,11 +157,13 @@ def test_ibv_devinfo_caps_at_max_mtu_and_fails_like_rdma_core(roce):
     assert json.loads((roce.root / "run/spark-sim/roce.json").read_text())["max_mtu"] == 2048
     out = devinfo(roce, "-d", "rocep1s0f1")
     assert "\t\t\tmax_mtu:\t\t2048 (4)\n\t\t\tactive_mtu:\t\t2048 (4)\n" in out.stdout
-    assert devinfo(roce, "-l").stdout == "1 HCA found:\n\trocep1s0f1\n\n"
+    # Both rails' devices, as rdma-core lists them (sorted by name).
+    assert devinfo(roce, "-l").stdout == "2 HCAs found:\n\troceP2p1s0f1\n\trocep1s0f1\n\n"
     out = devinfo(roce, "-d", "mlx5_0")
     assert (out.returncode, out.stderr) == (255, "IB device 'mlx5_0' wasn't found\n")
     out = devinfo(roce, "-i", "2")
-    assert (out.returncode, out.stdout, out.stderr) == (4, "", "Invalid port requested for device\n")
+    # Each device is asked in turn, and each answers so.
+    assert (out.returncode, out.stdout, out.stderr) == (4, "", "Invalid port requested for device\n" * 2)
     out = devinfo(roce, "-i", "0")
     assert out.returncode == 1 and out.stdout.startswith("Usage: ibv_devinfo")
     # The RDMA core loaded without any device: an empty class.

@@ -49,6 +49,8 @@ def test_fabric_netplan_file(host):
     v = hostvars(host)
     assert f"{v['spark_fabric_ip']}/{v['spark_fabric_prefix']}" in f.content_string
     assert "mtu: 9000" in f.content_string
+    # A one-rail site names no further rail, whatever ports the node has.
+    assert "spark_fabric_extra_rails" not in v and "-rail" not in f.content_string
 
 
 def test_fabric_live_mtu_and_address(host):
@@ -92,7 +94,7 @@ def test_env_file_is_private(host):
     assert f"NCCL_SOCKET_IFNAME={v['spark_fabric_interface']}" in f.content_string
     assert "HF_HUB_OFFLINE=1" in f.content_string
     settings = [line for line in f.content_string.splitlines() if line and not line.startswith("#")]
-    # The RoCE device behind the fabric port and the index of the RoCE v2 GID of the fabric address.
+    # A one-rail site: the RoCE device behind the fabric port only, and the index of the RoCE v2 GID of its address.
     assert "NCCL_IB_HCA=rocep1s0f1" in settings
     assert "NCCL_IB_GID_INDEX=3" in settings
 

@@ -229,12 +229,12 @@ def _roce_v2_ipv4(port_dir, netdev):
     return False
 
 
-def rdma_metrics(expo, rdma_class, fabric_interface):
+def rdma_metrics(expo, rdma_class, rails):
     try:
         devices = sorted(os.listdir(rdma_class))
     except OSError:
         devices = []
-    usable = 0
+    usable = dict.fromkeys(rails, 0)
     for device in devices:
         base = os.path.join(rdma_class, device)
         try:
@@ -248,11 +248,12 @@ def rdma_metrics(expo, rdma_class, fabric_interface):
             for netdev in netdevs:
                 expo.add("spark_rdma_port_active", "1 when the RDMA port is ACTIVE.", int(active),
                          {"device": device, "port": port, "netdev": netdev})
-                if netdev == fabric_interface and active and _roce_v2_ipv4(port_dir, netdev):
-                    usable += 1
-    expo.add("spark_rdma_fabric_ports_usable",
-             "RDMA ports behind the fabric interface NCCL can use (ACTIVE, a RoCE v2 GID of an IPv4 address); "
-             "0: NCCL falls back to its socket transport.", usable, {"netdev": fabric_interface})
+                if netdev in usable and active and _roce_v2_ipv4(port_dir, netdev):
+                    usable[netdev] += 1
+    for netdev, count in usable.items():
+        expo.add("spark_rdma_fabric_ports_usable",
+                 "RDMA ports behind each fabric rail NCCL can use (ACTIVE, a RoCE v2 GID of an IPv4 address); 0 on "
+                 "every rail: NCCL falls back to its socket transport.", count, {"netdev": netdev})
 
 
 def write_atomically(directory, name, text):
@@ -275,7 +276,8 @@ def main(argv):
     p.add_argument("--model-dir", required=True)
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--supervisor-state-dir", default="")
-    p.add_argument("--fabric-interface", default="", help="the fabric port, whose RDMA ports are counted (empty: none)")
+    p.add_argument("--fabric-interface", action="append", default=[],
+                   help="a fabric rail's port, whose RDMA ports are counted (repeated: one per rail; none: not counted)")
     p.add_argument("--rdma-class", default="/sys/class/infiniband")
     p.add_argument("--no-gpu", action="store_true", help="a node without the rank's GPU (the monitoring host)")
     p.add_argument("--stdout", action="store_true", help="print instead of writing the textfile")

@@ -42,7 +42,8 @@ TREES = STASH + "/infiniband"
 DRIVER_STATE = ROOT + "/run/spark-sim/roce.json"
 
 DEFAULTS = {
-    "hcas": {"rocep1s0f1": "enp1s0f1np1"},
+    # Both rails of the cabled QSFP cage, as a DGX Spark has them.
+    "hcas": {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1"},
     "roce_v2": True,
     "max_mtu": 4096,
     "port_state": "auto",
@@ -77,8 +78,10 @@ def knobs(data: dict) -> dict:
         raise KnobError(f"roce.roce_v2 must be true or false, not {k['roce_v2']!r}")
     if k["max_mtu"] not in IB_MTUS:
         raise KnobError(f"roce.max_mtu must be one of {IB_MTUS}, not {k['max_mtu']!r}")
-    if k["port_state"] not in PORT_STATES:
-        raise KnobError(f"roce.port_state must be one of {sorted(PORT_STATES)}, not {k['port_state']!r}")
+    states = k["port_state"].values() if isinstance(k["port_state"], dict) else [k["port_state"]]
+    if not all(isinstance(s, str) and s in PORT_STATES for s in states):
+        raise KnobError(f"roce.port_state must be one of {sorted(PORT_STATES)} (or a map of HCA names to one), "
+                        f"not {k['port_state']!r}")
     return k
 
 
@@ -173,11 +176,12 @@ def port_state(netdev: dict | None, forced: str) -> tuple[int, bool]:
     return (4 if "UP" in flags and link else 1), link
 
 
-def hca_files(netdev_name: str, netdev: dict | None, k: dict, table: GidTable) -> dict[str, str]:
+def hca_files(netdev_name: str, netdev: dict | None, k: dict, table: GidTable, hca: str = "") -> dict[str, str]:
     """Every file of one HCA's tree (path relative to the HCA dir: content); the device/net link
-    is made beside them."""
+    is made beside them. The port_state knob is one state for every HCA or a map by HCA name."""
     mac = netdev.get("address") if netdev else None
-    state, link = port_state(netdev, k["port_state"])
+    forced = k["port_state"].get(hca, "auto") if isinstance(k["port_state"], dict) else k["port_state"]
+    state, link = port_state(netdev, forced)
     table.update(default_gid(mac) if mac else None, ip_gids(netdev, default_gid(mac)) if mac else [])
     guid = node_guid(mac) if mac else "0000:0000:0000:0000"
     files = {
@@ -289,7 +293,7 @@ class Driver:
             self._unlink(stale)
         for hca, ndev in hcas.items():
             info = netdev_info(ndev)
-            files = hca_files(ndev, info, self.k, self.tables[hca])
+            files = hca_files(ndev, info, self.k, self.tables[hca], hca)
             key = (ndev, info is not None, tuple(sorted(files.items())))
             if self.written.get(hca) == key and os.path.islink(f"{IB_CLASS}/{hca}"):
                 continue
