@@ -336,6 +336,7 @@ def test_uninstall_leaves_the_nodes_as_they_booted_but_the_checkpoint_and_the_im
     assert left == [], "\n".join(left)
     for n in site.cluster.nodes:
         assert sh(n, "ip -o -4 addr show dev enp1s0f1np1").strip() == "", "the fabric port has no address"
+        assert sh(n, "ip -o -4 addr show dev enP2p1s0f1np1").strip() == "", "the second rail has no address"
         assert sh(n, "pgrep -af '[s]glang' || true").strip() == ""
         assert sh(n, f"test -e /opt/models/glm53.verified && docker image inspect --format ok {V2}").strip() == "ok"
     # A second run finds nothing left to take away, and says so.
