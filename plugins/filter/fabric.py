@@ -529,6 +529,17 @@ def fabric_rdma_group_usable(rdma, host, interfaces, *, rail_ips, reads=None) ->
     return {**fabric_rdma_usable(rdma, kept), "left_out": left_out}
 
 
+def fabric_rdma_settled(rdma, rails) -> bool:
+    """Whether the GID tables have caught up with the rails' addresses: every ACTIVE port behind a rail has a GID
+    for the rail's address. The kernel fills them from the address events after netplan apply, a moment later
+    than the address; a port that is not ACTIVE cannot get there and is not waited for."""
+    for rail in _rails(rails):
+        for _device, port in _fabric_ports(rdma, rail.get("interface")):
+            if port.get("state") == "ACTIVE" and not _address_gids(port, rail.get("interface"), rail.get("ip")):
+                return False
+    return True
+
+
 def fabric_rdma_reads(hosts, hostvars) -> dict:
     """{host: its newest RDMA reading} of `hosts`: read again after a change (tasks/reread.yml), else by the probe."""
     out = {}
@@ -695,6 +706,100 @@ def fabric_write_bw_gbps(stdout):
     return None
 
 
+def fabric_busbw_plan(reads, members, play_hosts, *, trust, unit) -> dict:
+    """Whether the all-reduce proof can run across the group: {run, why_not}.
+
+    reads: {host: the `name=path` / `unit=state` lines each member read (tasks/all_reduce.yml)}; members: the
+    group in rank order; trust: whether the head's SSH trust to the workers is set up (mpirun launches over it).
+    """
+    outside = [m for m in members if m not in play_hosts]
+    if outside:
+        return {"run": False, "why_not": f"all-reduce bandwidth not measured: {', '.join(outside)} "
+                                          f"{'is' if len(outside) == 1 else 'are'} outside this run (--limit), and "
+                                          "every rank takes part"}
+    if not trust:
+        return {"run": False, "why_not": "all-reduce bandwidth not measured: mpirun starts the workers' ranks over the "
+                                         "head's fabric SSH trust, which fabric_ssh_trust turns off"}
+    missing, busy = [], []
+    for host in members:
+        lines = dict(line.split("=", 1) for line in str((reads or {}).get(host) or "").splitlines() if "=" in line)
+        missing += [f"{tool} on {host}" for tool, path in lines.items() if tool != "unit" and not path]
+        if lines.get("unit") in ("active", "activating", "reloading"):
+            busy.append(host)
+    if busy:
+        return {"run": False, "why_not": f"all-reduce bandwidth not measured: the ranks hold the GPUs ({unit} is "
+                                         f"running on {', '.join(busy)}). Stop the group (playbooks/stop.yml) and run "
+                                         "playbooks/fabric.yml -e fabric_busbw_always=true, then playbooks/restart.yml"}
+    if missing:
+        return {"run": False, "why_not": f"all-reduce bandwidth not measured: {', '.join(missing)} not found. Build "
+                                         "nccl-tests with MPI=1 (make MPI=1 MPI_HOME=/usr/lib/aarch64-linux-gnu/openmpi) "
+                                         "on every node and install openmpi-bin, or point fabric_busbw_all_reduce_perf "
+                                         "and fabric_busbw_mpirun at them"}
+    return {"run": True, "why_not": ""}
+
+
+def fabric_all_reduce(stdout) -> dict:
+    """What all_reduce_perf (NCCL_DEBUG=INFO) printed: {busbw, network, hosts}. busbw: the average bus bandwidth in
+    GB/s (None where there is no result); network: `IB` or `Socket` as NCCL says it chose (None: not said);
+    hosts: {host: the RDMA devices its NET/IB line lists, [] where it found none}."""
+    busbw, networks, hosts = None, set(), {}
+    for line in str(stdout or "").splitlines():
+        if line.startswith("# Avg bus bandwidth"):
+            try:
+                busbw = float(line.split(":", 1)[1].split()[0])
+            except (IndexError, ValueError):
+                busbw = None
+        elif " NCCL INFO Using network " in line:
+            networks.add(line.rsplit(" ", 1)[1])
+        elif " NCCL INFO NET/IB : " in line:
+            host = line.split(":", 1)[0]
+            said = line.split(" NCCL INFO NET/IB : ", 1)[1]
+            hosts[host] = ([] if said.startswith("No device found")
+                           else [w.split("]", 1)[1].split(":", 1)[0] for w in said.split(";")[0].split() if w.startswith("[")
+                                 and "]" in w and ":" in w])
+    network = "Socket" if "Socket" in networks else ("IB" if "IB" in networks else None)
+    return {"busbw": busbw, "network": network, "hosts": hosts}
+
+
+def fabric_record(previous, *, time, members, rails, rdma_results=None, busbw=None, busbw_bytes="") -> dict:
+    """The proof's record on the head: the previous record with what this run measured put in its place.
+
+    rdma_results: the ib_write_bw runs (each with the pair as `item`), None where none ran; busbw: the all_reduce_perf
+    run, None where it did not run. Each figure keeps the time it was taken: a run that measured one keeps the other.
+    """
+    record = {**(previous or {}), "kind": "spark-llm-fabric-proof", "members": list(members or []),
+              "rails": list(rails or [])}
+    if rdma_results is not None:
+        record["rdma_write"] = {"time": time, "pairs": [
+            {"rail": r["item"].get("rail"), "head_hca": r["item"]["head_hca"], "worker": r["item"]["worker"],
+             "worker_hca": r["item"]["worker_hca"],
+             "gbits_per_second": fabric_write_bw_gbps(r.get("stdout")) if r.get("rc") == 0 else None}
+            for r in rdma_results or [] if isinstance(r.get("item"), dict)]}
+    if busbw is not None:
+        said = fabric_all_reduce(busbw.get("stdout"))
+        record["all_reduce"] = {"time": time, "bytes": str(busbw_bytes), "network": said["network"],
+                                "busbw_gbytes_per_second": said["busbw"] if busbw.get("rc") == 0 else None,
+                                "devices": said["hosts"]}
+    return record
+
+
+def fabric_record_lines(record) -> list:
+    """The record's figures as lines for a report: [] where nothing was measured yet."""
+    lines = []
+    rdma = (record or {}).get("rdma_write") or {}
+    for p in rdma.get("pairs") or []:
+        figure = "failed" if p.get("gbits_per_second") is None else f"{p['gbits_per_second']:.2f} Gbit/s"
+        lines.append(f"fabric: RDMA write {p.get('head_hca')} -> {p.get('worker')} {p.get('worker_hca')} "
+                     f"({p.get('rail')}): {figure} (measured {rdma.get('time')})")
+    ar = (record or {}).get("all_reduce") or {}
+    if ar:
+        figure = ("failed" if ar.get("busbw_gbytes_per_second") is None
+                  else f"{ar['busbw_gbytes_per_second']} GB/s bus bandwidth over NCCL's {ar.get('network')} transport")
+        lines.append(f"fabric: all-reduce across {', '.join(record.get('members') or [])} ({ar.get('bytes')} messages): "
+                     f"{figure} (measured {ar.get('time')})")
+    return lines
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -725,7 +830,12 @@ class FilterModule:
             "fabric_rdma_usable": fabric_rdma_usable,
             "fabric_rdma_reads": fabric_rdma_reads,
             "fabric_rdma_group_usable": fabric_rdma_group_usable,
+            "fabric_rdma_settled": fabric_rdma_settled,
             "fabric_rdma_report": fabric_rdma_report,
             "fabric_rdma_pairs": fabric_rdma_pairs,
             "fabric_write_bw_gbps": fabric_write_bw_gbps,
+            "fabric_busbw_plan": fabric_busbw_plan,
+            "fabric_all_reduce": fabric_all_reduce,
+            "fabric_record": fabric_record,
+            "fabric_record_lines": fabric_record_lines,
         }

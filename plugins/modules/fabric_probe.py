@@ -80,6 +80,11 @@ options:
     type: bool
     default: false
     version_added: "1.6.0"
+  record_path:
+    description: A JSON file to read if it exists (the head's record of the proof's last figures); empty reads none.
+    type: str
+    default: ""
+    version_added: "1.7.0"
   rails:
     description:
       - Further rails (ports besides O(ping_interface)) whose routes to the peers' addresses on them are read and
@@ -181,6 +186,11 @@ pings:
   returned: always
   type: list
   elements: dict
+record:
+  description: The JSON document in O(record_path), empty where there is none or it does not parse.
+  returned: always
+  type: dict
+  version_added: "1.7.0"
 rails:
   description: Per rail of O(rails), in order, C({interface, routes, pings}) shaped as RV(routes) and RV(pings).
   returned: always
@@ -189,6 +199,7 @@ rails:
   version_added: "1.7.0"
 """
 
+import json
 import os
 import re
 
@@ -217,6 +228,14 @@ def _read(path):
             return f.read()
     except OSError:
         return None
+
+
+def _json(text):
+    try:
+        document = json.loads(text or "")
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
 
 
 def _stat(path, checksum=False):
@@ -321,6 +340,7 @@ def main():
             "ping_interface": {"type": "str", "default": ""},
             "ping_size": {"type": "int", "default": 0},
             "rdma": {"type": "bool", "default": False},
+            "record_path": {"type": "str", "default": ""},
             "rails": {"type": "list", "elements": "dict", "default": [], "options": {
                 "interface": {"type": "str", "required": True},
                 "peers": {"type": "list", "elements": "str", "default": []},
@@ -356,6 +376,7 @@ def main():
         stats={path: _stat(path, checksum=path in p["checksum_paths"]) for path in p["stat_paths"]},
         pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
         rdma=_rdma(module) if p["rdma"] else {},
+        record=_json(_read(p["record_path"])) if p["record_path"] else {},
         rails=[{"interface": rail["interface"],
                 "routes": [{"item": peer, **_run(module, "ip", "-j", "route", "get", peer)} for peer in rail["peers"]],
                 "pings": _pings(module, rail["interface"], p["ping_size"], rail["peers"])} for rail in p["rails"]],

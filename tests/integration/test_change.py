@@ -180,11 +180,16 @@ def test_a_site_deployed_under_the_names_before_1_3_takes_the_new_ones_with_one_
     assert (credentials / "spark_llm_api_key").read_text() == site.legacy_key
     assert not (credentials / LEGACY["spark_api_key_name"]).exists()
     assert generate(cluster)
-    # And a second run finds nothing left to move or change.
-    again = site.play("site.yml")
+    # And a second run finds nothing left to move or change. Asked for the all-reduce bandwidth while the group
+    # serves, it measures nothing (the ranks hold the GPUs) and says how to.
+    again = site.play("site.yml", fabric_busbw_always=True)
     assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
     assert again.changed == [], again.changed
     assert "was deployed under the names before 1.3.0" not in again.stdout
+    (why,) = again.results("Say why the all-reduce bandwidth was not measured").values()
+    assert why["msg"].startswith("all-reduce bandwidth not measured: the ranks hold the GPUs (spark-llm.service is "
+                                 "running on spark-0, spark-1). Stop the group (playbooks/stop.yml)"), why
+    assert again.results("Measure the all-reduce bus bandwidth across the group (nccl-tests all_reduce_perf over mpirun)") == {}
 
 
 def test_earlyoom_guards_every_node_on_the_floor_and_the_ranks_come_last(site):
@@ -352,6 +357,10 @@ def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
     assert hub_bytes(site.cluster) == before
     table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
     assert table.count("PASS") == 5, table
+    # The fabric was configured again from scratch and proven: its figures are in verify's table and report.
+    assert ("fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport"
+            in table), table
+    assert "fabric: RDMA write roceP2p1s0f1 -> spark-1 roceP2p1s0f1 (enP2p1s0f1np1): 97.50 Gbit/s" in table, table
     assert generate(site.cluster)
 
 

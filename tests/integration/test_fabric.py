@@ -30,6 +30,7 @@ PLAYBOOK = "playbooks/fabric.yml"
 IFACE = "enp1s0f1np1"
 NETPLAN = "/etc/netplan/40-cx7.yaml"
 KEY = "/root/.ssh/id_spark_fabric"
+RECORD = "/var/lib/spark-llm-fabric/proof.json"
 APPLY_TASK = "Apply the netplan configuration"
 NETPLAN_TASK = "Write the fabric netplan file"
 FACTS_TASK = "Publish the node's fabric facts for the server"
@@ -44,6 +45,8 @@ HCA = "rocep1s0f1"
 # The second rail of the cabled QSFP cage, which the harness inventory names (spark_fabric_extra_rails).
 RAIL2, HCA2 = sim.RAIL2_IFACE, sim.RAIL2_HCA
 RAIL_TASK = "Check each further rail's port, routes to the peers and full-size frames"
+BUSBW_TASK = "Show the all-reduce bus bandwidth and the network NCCL used, and check it against the minimum"
+BUSBW_INCLUDE = "Measure the all-reduce bus bandwidth across the group"
 # The RoCE stand-in's settings as a node boots (tests/standins/README.md).
 ROCE_DEFAULTS = {"roce_v2": True, "port_state": "auto", "max_mtu": 4096}
 
@@ -66,7 +69,7 @@ def skipped(result, task) -> set[str]:
 def reset_fabric(cluster) -> None:
     """Back to a node as delivered: no fabric file, no address, MTU 1500, no fabric key or pins."""
     for n in cluster.nodes:
-        sim.ssh(n, f"rm -f {NETPLAN} {KEY} {KEY}.pub && netplan apply && ip addr flush dev {IFACE} "
+        sim.ssh(n, f"rm -f {NETPLAN} {KEY} {KEY}.pub {RECORD} && netplan apply && ip addr flush dev {IFACE} "
                    f"&& ip link set {IFACE} mtu 1500 && ip addr flush dev {RAIL2} && ip link set {RAIL2} mtu 1500 "
                    "&& sed -i '/spark-fabric@/d' /root/.ssh/authorized_keys "
                    "&& rm -f /root/.ssh/known_hosts && (nft flush ruleset || true)")
@@ -287,6 +290,16 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
                                             "(no minimum set: fabric_rdma_min_gbps)." for hca in (HCA, HCA2)], measured
     # Each rail's exchange went to the worker's address on that rail.
     assert [m["item"]["item"]["address"] for m in measured] == [fresh.nodes[1].fabric_ip, rail2_ip(fresh, "spark-1")]
+    # All-reduce across the group over both rails (the stand-in's figure: 11.6 GB/s a rail, less a latency), launched
+    # by mpirun over the SSH trust this very run set up.
+    said = " ".join(first.results(BUSBW_TASK)["spark-0"]["msg"].split())
+    assert said == (f"all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport "
+                    f"({HCA}, {HCA2}) (no minimum set: fabric_min_busbw_gbps)."), said
+    # The figures are kept on the head for verify's report and the monitoring.
+    record = json.loads(sim.ssh(fresh.nodes[0], f"cat {RECORD}"))
+    assert [p["gbits_per_second"] for p in record["rdma_write"]["pairs"]] == [97.5, 97.5]
+    assert (record["all_reduce"]["busbw_gbytes_per_second"], record["all_reduce"]["network"]) == (23.19, "IB")
+    assert first.results(FACTS_TASK)["spark-0"]["ansible_facts"]["fabric_figures"] == record
 
     second = run_playbook(PLAYBOOK, sim_inventory)
     assert second.rc == 0, second.failure_messages()
@@ -297,6 +310,9 @@ def test_configures_and_proves_the_link_from_scratch(fresh, sim_inventory):
     assert skipped(second, NETPLAN_TASK) == {"spark-0", "spark-1"}
     assert skipped(second, IPERF_INCLUDE) == {"spark-0", "spark-1"}
     assert skipped(second, RDMA_BW_INCLUDE) == {"spark-0", "spark-1"}
+    assert skipped(second, BUSBW_INCLUDE) == {"spark-0", "spark-1"}
+    # Nothing measured: the head's record as its probe read it.
+    assert second.results(FACTS_TASK)["spark-0"]["ansible_facts"]["fabric_figures"] == record
     assert second.results(BANDWIDTH_TASK) == {}
     assert skipped(second, TRUST_INCLUDE) == {"spark-0", "spark-1"}
     assert second.results(TRUST_PROOF_TASK) == {}
@@ -512,6 +528,13 @@ def test_each_cause_that_keeps_nccl_off_rdma_is_named(configured, sim_inventory)
             assert (facts["fabric_ib_hcas"], facts["fabric_ib_gid_index"]) == ([], ""), host
             assert "NCCL_IB_HCA" not in facts["fabric_env"] and "NCCL_IB_GID_INDEX" not in facts["fabric_env"], host
 
+        # NCCL itself, asked: it falls back to sockets, a tenth of the figure, and a minimum fails the run on it.
+        floor = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_busbw_always": True,
+                                                                 "fabric_min_busbw_gbps": 10})
+        assert floor.rc != 0 and floor.changed == [] and {d["task"] for d in floor.failed} == {BUSBW_TASK}
+        said = " ".join(messages(floor).split())
+        assert "1.9 GB/s over NCCL's socket transport, not RDMA: spark-0, spark-1 found no usable RoCE device" in said, said
+
         required = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_rdma_required": True})
         assert required.rc != 0 and required.changed == []
         assert {d["host"] for d in required.failed} == {head.name, worker.name}
@@ -545,7 +568,7 @@ def test_a_rail_down_is_a_warning_with_its_cause_and_the_ranks_keep_the_other(co
     sim.unplug_rail(configured.instance, worker.name)
     try:
         result = run_playbook(PLAYBOOK, sim_inventory, extravars={"fabric_iperf_min_gbps": 0, "fabric_rdma_bw_always": True,
-                                                                  "fabric_rdma_required": True})
+                                                                  "fabric_rdma_required": True, "fabric_busbw_always": True})
         assert result.rc == 0 and result.changed == [], messages(result) or result.stdout[-4000:]
         rail = {h: " ".join(r["msg"].split()) for h, r in result.results(RAIL_TASK).items()}
         assert f"{worker.name}: WARNING: rail {RAIL2} is up with NO CARRIER" in rail[worker.name], rail
@@ -560,6 +583,9 @@ def test_a_rail_down_is_a_warning_with_its_cause_and_the_ranks_keep_the_other(co
             assert res["ansible_facts"]["fabric_env"]["NCCL_IB_HCA"] == HCA, host
         measured = result.results(RDMA_BW_TASK)["spark-0"]["results"]
         assert [m["item"]["item"]["rail"] for m in measured] == [IFACE], measured
+        # The group's all-reduce runs on the rail every rank has: about half the figure of both.
+        said = " ".join(result.results(BUSBW_TASK)["spark-0"]["msg"].split())
+        assert f"11.6 GB/s bus bandwidth over NCCL's IB transport ({HCA})" in said, said
     finally:
         sim.unplug_rail(configured.instance, worker.name, plugged=True)
     # networkd puts the rail's address back with the carrier; the run after it finds both rails as configured.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import socket
 import urllib.parse
 import urllib.request
@@ -47,6 +48,14 @@ def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
     return sim.ssh(node, command, check=check, timeout=timeout)
 
 
+# The fabric proof's record on the head, as fabric.yml writes it after measuring both rails and the group.
+FABRIC_RECORD = "/var/lib/spark-llm-fabric/proof.json"
+RECORD = {"kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": [sim.FABRIC_IFACE, sim.RAIL2_IFACE],
+          "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
+              {"rail": rail, "head_hca": hca, "worker": "spark-1", "worker_hca": hca, "gbits_per_second": 97.5}
+              for rail, hca in ((sim.FABRIC_IFACE, sim.ROCE_HCA), (sim.RAIL2_IFACE, sim.RAIL2_HCA))]},
+          "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19,
+                         "devices": {}}}
 GRAFANA_TOKEN = "glsa_monitoring_test_token_0123456789abcdef"  # noqa: S105 - a test token
 
 
@@ -106,10 +115,15 @@ def site(sim_cluster, tmp_path_factory):
     head, worker = sim_cluster.nodes
     # The head's SGLang wants the key on /metrics too, as builds from before the exemption do.
     sim.set_knobs(sim_cluster.instance, head.name, {"sglang": {"metrics_behind_key": True, "token_seconds": 0.01}})
+    rail2 = sim_cluster.rail2_subnet.rsplit(".", 1)[0]
     for n in sim_cluster.nodes:
-        # What checkpoint.yml and fabric.yml leave behind, in their smallest form (as tests/integration/test_day2.py).
+        # What checkpoint.yml and fabric.yml leave behind, in their smallest form (as tests/integration/test_day2.py):
+        # both rails' addresses, and on the head the proof's record of its last figures.
         sh(n, checkpoint_files() + f" && (ip -o addr show dev {sim.FABRIC_IFACE} | grep -q ' {n.fabric_ip}/' || "
-              f"ip addr add {n.fabric_ip}/24 dev {sim.FABRIC_IFACE})")
+              f"ip addr add {n.fabric_ip}/24 dev {sim.FABRIC_IFACE})"
+              f" && (ip -o addr show dev {sim.RAIL2_IFACE} | grep -q ' {rail2}.{10 + n.rank}/' || "
+              f"ip addr add {rail2}.{10 + n.rank}/24 dev {sim.RAIL2_IFACE})")
+    sh(head, f"mkdir -p {FABRIC_RECORD.rsplit('/', 1)[0]} && echo {shlex.quote(json.dumps(RECORD))} > {FABRIC_RECORD}")
     reports = tmp_path_factory.mktemp("reports")
     for name in REPORTS:
         (reports / name).write_text("{}")
@@ -217,9 +231,14 @@ def test_gpu_and_node_figures_and_every_dashboard_metric_are_in_prometheus(site)
     units = {m["node"]: v for m, v in value(site, 'node_systemd_unit_state{name="spark-llm.service",state="active"}')}
     assert units == {head.name: 1.0, worker.name: 1.0}
     assert {m["purpose"] for m, _ in value(site, f'spark_filesystem_size_bytes{{node="{head.name}"}}')} == {"model", "root"}
-    # The RoCE device behind each fabric port (the stand-in's), ACTIVE with the RoCE v2 GID of its address.
-    usable = {m["node"]: (m["netdev"], v) for m, v in value(site, "spark_rdma_fabric_ports_usable")}
-    assert usable == {head.name: (sim.FABRIC_IFACE, 1.0), worker.name: (sim.FABRIC_IFACE, 1.0)}, usable
+    # The RoCE device behind each rail's port (the stand-in's), ACTIVE with the RoCE v2 GID of its address.
+    usable = {(m["node"], m["netdev"]): v for m, v in value(site, "spark_rdma_fabric_ports_usable")}
+    assert usable == {(n.name, iface): 1.0 for n in site.nodes for iface in (sim.FABRIC_IFACE, sim.RAIL2_IFACE)}, usable
+    # The fabric proof's last figures, from the head's record.
+    busbw = {(m["node"], m["network"]): v for m, v in value(site, "spark_fabric_all_reduce_busbw_gbytes_per_second")}
+    assert busbw == {(head.name, "IB"): 23.19}, busbw
+    rails = {m["rail"]: v for m, v in value(site, "spark_fabric_rdma_write_gbits_per_second")}
+    assert rails == {sim.FABRIC_IFACE: 97.5, sim.RAIL2_IFACE: 97.5}, rails
     # Every metric a dashboard panel uses is a name Prometheus holds (the supervisor is off here, and no alert fired yet).
     names = set(prometheus(site, "label/__name__/values"))
     used = set()

@@ -381,3 +381,77 @@ def test_a_rail_fault_is_named_by_its_cause():
     assert fault.startswith(f"rail {RAIL2} is up with NO CARRIER") and "no carrier although the peer's port is up" in fault
     small = {"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 1, "small": {"rc": 0}}]}
     assert "answers small pings but not 8972-byte ones" in fabric.fabric_rail_faults(small, up, rail, **kw)[0]
+
+
+NET_IB = "NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:{ip}<0>"
+ALL_REDUCE_IB = "\n".join([
+    "spark-0:101:101 [0] " + NET_IB.format(ip="10.232.1.10"),
+    "spark-0:101:101 [0] NCCL INFO Using network IB",
+    "# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20",
+    "  1073741824     268435456     float     sum      -1  46301.0   23.19   23.19      0  46301.0   23.19   23.19      0",
+    "# Out of bounds values : 0 OK",
+    "# Avg bus bandwidth    : 23.19 ",
+    "#",
+    "spark-1:202:202 [0] " + NET_IB.format(ip="10.232.1.11"),
+    "spark-1:202:202 [0] NCCL INFO Using network IB",
+])
+
+
+def test_the_all_reduce_figure_and_the_network_nccl_chose_are_read():
+    assert fabric.fabric_all_reduce(ALL_REDUCE_IB) == {
+        "busbw": 23.19, "network": "IB",
+        "hosts": {"spark-0": ["rocep1s0f1", "roceP2p1s0f1"], "spark-1": ["rocep1s0f1", "roceP2p1s0f1"]}}
+    fallback = ALL_REDUCE_IB.replace(NET_IB.format(ip="10.232.1.11"), "NCCL INFO NET/IB : No device found.").replace(
+        "Using network IB", "Using network Socket").replace("23.19", "1.9")
+    said = fabric.fabric_all_reduce(fallback)
+    assert (said["busbw"], said["network"], said["hosts"]["spark-1"]) == (1.9, "Socket", [])
+    assert fabric.fabric_all_reduce("ORTE was unable to reliably start one or more daemons.") == {
+        "busbw": None, "network": None, "hosts": {}}
+
+
+@pytest.mark.parametrize(("reads", "play", "trust", "why"), [
+    ({"a": "mpirun=/usr/bin/mpirun\nall_reduce_perf=/usr/bin/all_reduce_perf\nunit=inactive"}, ["a"], True,
+     "b is outside this run"),
+    ({}, ["a", "b"], False, "which fabric_ssh_trust turns off"),
+    ({"a": "mpirun=/usr/bin/mpirun\nall_reduce_perf=/usr/bin/all_reduce_perf\nunit=active",
+      "b": "mpirun=/usr/bin/mpirun\nall_reduce_perf=/usr/bin/all_reduce_perf\nunit=inactive"}, ["a", "b"], True,
+     "the ranks hold the GPUs (spark-llm.service is running on a)"),
+    ({"a": "mpirun=/usr/bin/mpirun\nall_reduce_perf=\nunit=inactive",
+      "b": "mpirun=/usr/bin/mpirun\nall_reduce_perf=/usr/bin/all_reduce_perf\nunit=inactive"}, ["a", "b"], True,
+     "all_reduce_perf on a not found. Build nccl-tests with MPI=1"),
+])
+def test_the_all_reduce_runs_only_across_the_whole_idle_group_with_its_tools(reads, play, trust, why):
+    plan = fabric.fabric_busbw_plan(reads, ["a", "b"], play, trust=trust, unit="spark-llm.service")
+    assert plan["run"] is False and why in plan["why_not"], plan
+    ready = {h: "mpirun=/usr/bin/mpirun\nall_reduce_perf=/usr/bin/all_reduce_perf\nunit=inactive" for h in "ab"}
+    assert fabric.fabric_busbw_plan(ready, ["a", "b"], ["a", "b"], trust=True, unit="u") == {"run": True, "why_not": ""}
+
+
+def test_the_gid_tables_have_settled_when_every_active_port_has_its_address():
+    assert fabric.fabric_rdma_settled(two_rails(), RAILS)
+    # The address is on the port, its GID not yet in the table: wait.
+    assert not fabric.fabric_rdma_settled(rdma(address=False), [RAIL])
+    # A port that is not ACTIVE cannot get there: not waited for.
+    assert fabric.fabric_rdma_settled(rdma(state="DOWN", address=False), [RAIL])
+
+
+def test_the_record_keeps_each_figure_with_the_time_it_was_taken():
+    pair = {"worker": "spark-1", "rail": IFACE, "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3,
+            "worker_hca": "rocep1s0f1", "worker_gid": 3, "port": 18515}
+    out = (" 65536      18600            97.63              97.50  \t\t   0.185967\n")
+    first = fabric.fabric_record({}, time="T1", members=["spark-0", "spark-1"], rails=[IFACE],
+                                 rdma_results=[{"item": pair, "rc": 0, "stdout": out}],
+                                 busbw={"rc": 0, "stdout": ALL_REDUCE_IB}, busbw_bytes="1G")
+    assert first["rdma_write"] == {"time": "T1", "pairs": [
+        {"rail": IFACE, "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1", "gbits_per_second": 97.5}]}
+    assert first["all_reduce"]["busbw_gbytes_per_second"] == 23.19 and first["all_reduce"]["network"] == "IB"
+    # A later run that measured RDMA only (the ranks held the GPUs) keeps the all-reduce figure and its time.
+    later = fabric.fabric_record(first, time="T2", members=["spark-0", "spark-1"], rails=[IFACE],
+                                 rdma_results=[{"item": pair, "rc": 1, "stdout": ""}])
+    assert later["all_reduce"] == first["all_reduce"]
+    assert later["rdma_write"]["time"] == "T2" and later["rdma_write"]["pairs"][0]["gbits_per_second"] is None
+    assert fabric.fabric_record_lines(later) == [
+        f"fabric: RDMA write rocep1s0f1 -> spark-1 rocep1s0f1 ({IFACE}): failed (measured T2)",
+        "fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport "
+        "(measured T1)"]
+    assert fabric.fabric_record_lines({}) == []

@@ -414,3 +414,26 @@ def test_the_promql_reader_finds_names_and_nothing_else():
     expr = ('histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="server",'
             'le!="x"}[5m]))) > 10 and on() max(up{job="server"}) == 1 or ALERTS{alertstate="firing"} offset 5m')
     assert promql_metrics(expr) == {"sglang:time_to_first_token_seconds_bucket", "up", "ALERTS"}
+
+
+def test_the_collector_exports_the_fabric_proofs_last_figures_from_the_heads_record(tmp_path):
+    record = tmp_path / "proof.json"
+    record.write_text(json.dumps({
+        "kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": ["enp1s0f1np1", "enP2p1s0f1np1"],
+        "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
+            {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1",
+             "gbits_per_second": 97.5},
+            {"rail": "enP2p1s0f1np1", "head_hca": "roceP2p1s0f1", "worker": "spark-1", "worker_hca": "roceP2p1s0f1",
+             "gbits_per_second": None}]},
+        "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19}}))
+    found = collect(tmp_path, "--fabric-record", str(record))
+    assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enp1s0f1np1", device="rocep1s0f1",
+                  peer="spark-1") == 97.5
+    # A rail whose measurement failed has no figure (not a zero that reads as a measured one).
+    assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enP2p1s0f1np1", device="roceP2p1s0f1",
+                  peer="spark-1") is None
+    assert sample(found, "spark_fabric_all_reduce_busbw_gbytes_per_second", network="IB") == 23.19
+    assert sample(found, "spark_fabric_measured_timestamp_seconds", measurement="all_reduce") == 1796385605
+    # Nothing measured yet: no figure at all.
+    assert sample(collect(tmp_path, "--fabric-record", str(tmp_path / "absent.json")),
+                  "spark_fabric_all_reduce_busbw_gbytes_per_second", network="IB") is None

@@ -29,6 +29,7 @@ stopped from figures that stopped changing. Standard library only.
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import subprocess
@@ -205,6 +206,42 @@ def supervisor_metrics(expo, state_dir):
              int(os.path.exists(os.path.join(state_dir, "gave-up.json"))))
 
 
+def _epoch(stamp):
+    try:
+        return calendar.timegm(time.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
+
+
+def fabric_record_metrics(expo, path):
+    """The fabric proof's last figures (the head's record): RDMA write per rail, the group's all-reduce."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not isinstance(record, dict):
+        return
+    rdma = record.get("rdma_write") or {}
+    for pair in rdma.get("pairs") or []:
+        if pair.get("gbits_per_second") is not None:
+            expo.add("spark_fabric_rdma_write_gbits_per_second",
+                     "RDMA write bandwidth the fabric proof last measured from the head to a worker, per rail.",
+                     pair["gbits_per_second"], {"rail": pair.get("rail") or "", "device": pair.get("head_hca") or "",
+                                                "peer": pair.get("worker") or ""})
+    ar = record.get("all_reduce") or {}
+    if ar.get("busbw_gbytes_per_second") is not None:
+        expo.add("spark_fabric_all_reduce_busbw_gbytes_per_second",
+                 "All-reduce bus bandwidth across the group the fabric proof last measured (nccl-tests), by the "
+                 "network NCCL used (IB, or Socket where it fell back).",
+                 ar["busbw_gbytes_per_second"], {"network": ar.get("network") or ""})
+    for what, section in (("rdma_write", rdma), ("all_reduce", ar)):
+        when = _epoch(section.get("time")) if section else None
+        if when is not None:
+            expo.add("spark_fabric_measured_timestamp_seconds", "When the fabric proof last measured (Unix time).",
+                     when, {"measurement": what})
+
+
 def _sysfs(path):
     """A sysfs attribute without its numeric prefix ("4: ACTIVE" -> "ACTIVE"); None where it cannot be read."""
     try:
@@ -279,6 +316,7 @@ def main(argv):
     p.add_argument("--fabric-interface", action="append", default=[],
                    help="a fabric rail's port, whose RDMA ports are counted (repeated: one per rail; none: not counted)")
     p.add_argument("--rdma-class", default="/sys/class/infiniband")
+    p.add_argument("--fabric-record", default="", help="the fabric proof's record of its last figures (the head's)")
     p.add_argument("--no-gpu", action="store_true", help="a node without the rank's GPU (the monitoring host)")
     p.add_argument("--stdout", action="store_true", help="print instead of writing the textfile")
     args = p.parse_args(argv)
@@ -291,6 +329,8 @@ def main(argv):
         supervisor_metrics(expo, args.supervisor_state_dir)
     if args.fabric_interface:
         rdma_metrics(expo, args.rdma_class, args.fabric_interface)
+    if args.fabric_record:
+        fabric_record_metrics(expo, args.fabric_record)
     expo.add("spark_collector_last_run_timestamp_seconds", "When the node collector last ran (Unix time).", time.time())
     if args.stdout:
         sys.stdout.write(expo.text())
