@@ -714,9 +714,9 @@ def fabric_busbw_plan(reads, members, play_hosts, *, trust, unit) -> dict:
     """
     outside = [m for m in members if m not in play_hosts]
     if outside:
-        return {"run": False, "why_not": f"all-reduce bandwidth not measured: {', '.join(outside)} "
-                                          f"{'is' if len(outside) == 1 else 'are'} outside this run (--limit), and "
-                                          "every rank takes part"}
+        verb = "is" if len(outside) == 1 else "are"
+        return {"run": False, "why_not": f"all-reduce bandwidth not measured: {', '.join(outside)} {verb} outside this "
+                                         "run (--limit), and every rank takes part"}
     if not trust:
         return {"run": False, "why_not": "all-reduce bandwidth not measured: mpirun starts the workers' ranks over the "
                                          "head's fabric SSH trust, which fabric_ssh_trust turns off"}
