@@ -397,6 +397,26 @@ def fabric_rail_faults(reading, addrs, rail, *, mtu, peers, peer_ports) -> list:
     return faults
 
 
+def fabric_rails_report(readings, addrs, rails, *, mtu, rail_peers, peers, hostvars, play_hosts) -> dict:
+    """The further rails' proof for the node's report: {lines, warnings}, one sentence per rail.
+
+    readings: the probe's `rails` (routes and pings per further rail, in order); rails: every rail, the fabric port
+    first; rail_peers: per rail (the fabric port's first), the peers' addresses on it; peers: the peer hosts.
+    """
+    lines, warnings = [], []
+    for i, rail in enumerate(list(rails or [])[1:]):
+        reading = (readings or [])[i] if i < len(readings or []) else {}
+        on_rail = (rail_peers or [])[i + 1]["peers"] if i + 1 < len(rail_peers or []) else []
+        ports = [fabric_peer_port(p, hostvars, play_hosts, rail["interface"]) for p in peers or []]
+        faults = fabric_rail_faults(reading, addrs, rail, mtu=mtu, peers=on_rail, peer_ports=ports)
+        if faults:
+            warnings.append("; ".join(faults) + "; the ranks run on the other rails until it is fixed")
+        else:
+            lines.append(f"rail {rail['interface']} ({rail['ip']}/{rail['prefix']}, MTU {mtu}) reaches "
+                         f"{', '.join(on_rail) or 'no peer'} with full-size frames")
+    return {"lines": lines, "warnings": warnings}
+
+
 def fabric_known_host_lines(host_keys, address) -> list:
     """known_hosts lines pinning a worker's host keys (the probe's {type, content}) for its fabric address."""
     out = []
@@ -816,6 +836,7 @@ class FilterModule:
             "fabric_rails_drift": fabric_rails_drift,
             "fabric_rails_settled": fabric_rails_settled,
             "fabric_rail_faults": fabric_rail_faults,
+            "fabric_rails_report": fabric_rails_report,
             "fabric_known_host_lines": fabric_known_host_lines,
             "fabric_route_faults": fabric_route_faults,
             "fabric_ping_faults": fabric_ping_faults,

@@ -269,3 +269,30 @@ def test_a_wrong_sglang_host_ip_hangs_both_ranks_after_init(sim_cluster, rendere
         assert {e["task"] for e in result.changed} <= {BUNDLE}
     finally:
         stop(sim_cluster, HEAD, WORKER)
+
+
+def test_a_rank_that_found_no_rdma_device_serves_over_sockets_and_is_named(sim_cluster, rendered, knobs, tmp_path):
+    """The worker's RoCE device has no RoCE v2 GID: its NCCL (NCCL_DEBUG=INFO, as server.yml writes it) finds no
+    device, falls back to sockets without failing, and the group serves; the doctor names it on the worker, with
+    the way back to RDMA, and nothing on the head (which logs IB)."""
+    worker = node(sim_cluster, WORKER)
+    knobs(WORKER, {"roce": {"roce_v2": False}})
+    sh(worker, "systemctl reload spark-sim-roce")
+    install(sim_cluster, rendered, WORKER)
+    install(sim_cluster, rendered, HEAD)
+    try:
+        start(sim_cluster, WORKER, HEAD)
+        wait_journal(sim_cluster, HEAD, "The server is fired up and ready to roll!")
+        wait_journal(sim_cluster, WORKER, "NCCL INFO Using network Socket")
+        _, files, _ = run_doctor(sim_cluster, tmp_path / "sockets")
+        assert set(findings(files, WORKER)) == {"nccl_socket_fallback"}, sorted(findings(files, WORKER))
+        f = findings(files, WORKER)["nccl_socket_fallback"]
+        assert "NCCL INFO Using network Socket" in f["evidence"]
+        assert f"fell back to its socket transport on {FABRIC}" in f["cause"]
+        assert "playbooks/fabric.yml" in f["remedy"] and "playbooks/restart.yml" in f["remedy"]
+        assert findings(files, HEAD) == {}
+        assert "NCCL INFO Using network IB" in files[f"{HEAD}/journal.log"]
+    finally:
+        stop(sim_cluster, HEAD, WORKER)
+        knobs(WORKER, {"roce": {"roce_v2": True}})
+        sh(worker, "systemctl reload spark-sim-roce")

@@ -199,6 +199,9 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "SGLANG_HOST_IP": NODES[host][1],
         "HF_HUB_OFFLINE": "1",
+        # NCCL's choice of network at each start, in the journal.
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
         # Secure by default: a key (generated at deployment) goes into this file only.
         "SGLANG_API_KEY": "<redacted>",
     }

@@ -71,8 +71,9 @@ ps -e -o sid=,cgroup:400=,args:1000= | awk -v me="$(ps -o sid= -p $$)" '$1 != me
 echo '@@tmp'
 find /tmp -mindepth 1 -not -path '/tmp/systemd-private-*' -printf '%y %m %u %s %P\n'
 """
-# Processes that come and go on their own: SSH sessions (Ansible's persistent connections too).
-TRANSIENT_PROCESSES = ("sshd-session", "sshd: ", "(sd-pam)", "systemd --user")
+# Processes that come and go on their own: SSH sessions (Ansible's persistent connections too), and the workers
+# systemd-udevd forks for device events (a link's MTU or state changed) and reaps once they have been idle a while.
+TRANSIENT_PROCESSES = ("sshd-session", "sshd: ", "(sd-pam)", "systemd --user", "(udev-worker)")
 
 
 def _describe(path: Path):

@@ -93,6 +93,19 @@ LINES: dict[str, tuple[list[str], int, bool]] = {
         "[2026-11-29 10:06:00 TP0] Decode batch. #running-req: 1, #token: 812, token usage: 0.01, cuda graph: True",
         "[2026-11-29 10:06:01] The server is fired up and ready to roll!",
     ], 0, True),
+    # NCCL 2.27 with NCCL_DEBUG=INFO: a rank with RDMA, and one that found no device and serves over sockets.
+    "nccl_ib": ([
+        "spark-0:77:91 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB "
+        "enp1s0f1np1:10.232.1.10<0>",
+        "spark-0:77:91 [0] NCCL INFO Using network IB",
+        "[2026-11-29 10:06:01] The server is fired up and ready to roll!",
+    ], 0, True),
+    "nccl_socket": ([
+        "spark-1:78:92 [0] NCCL INFO NET/IB : No device found.",
+        "spark-1:78:92 [0] NCCL INFO NET/Socket : Using [0]enp1s0f1np1:10.232.1.11<0>",
+        "spark-1:78:92 [0] NCCL INFO Using network Socket",
+        "[2026-11-29 10:06:01] The server is fired up and ready to roll!",
+    ], 0, True),
 }
 CATALOGUE = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__doctor_fingerprints"]
 FLAG_MODEL = flag_model()
@@ -407,6 +420,14 @@ def test_download_at_boot_asks_for_offline_mode_and_checkpoint_state(name):
 
 def test_a_healthy_rank_has_no_finding():
     assert doctor.findings(planted("healthy"), CATALOGUE, ctx()) == []
+    assert doctor.findings(planted("nccl_ib"), CATALOGUE, ctx()) == []
+
+
+def test_a_rank_serving_over_nccls_sockets_is_named_with_the_way_back_to_rdma():
+    found = doctor.findings(planted("nccl_socket"), CATALOGUE, ctx())
+    assert ids(found) == ["nccl_socket_fallback"]
+    assert "fell back to its socket transport on enp1s0f1np1" in found[0]["cause"]
+    assert "playbooks/fabric.yml" in found[0]["remedy"] and "playbooks/restart.yml" in found[0]["remedy"]
 
 
 def test_most_recent_failure_comes_first():

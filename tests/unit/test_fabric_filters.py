@@ -455,3 +455,18 @@ def test_the_record_keeps_each_figure_with_the_time_it_was_taken():
         "fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport "
         "(measured T1)"]
     assert fabric.fabric_record_lines({}) == []
+
+
+def test_each_further_rail_is_reported_with_its_reach_or_its_cause():
+    up = [{"ifname": RAIL2, "flags": ["BROADCAST", "UP", "LOWER_UP"], "mtu": 9000,
+           "addr_info": [{"family": "inet", "local": ADDR2, "prefixlen": 24}]}]
+    rails = [{"interface": IFACE, "ip": ADDR, "prefix": 24}, {"interface": RAIL2, "ip": ADDR2, "prefix": 24}]
+    rail_peers = [{"interface": IFACE, "peers": ["10.232.1.11"]}, {"interface": RAIL2, "peers": ["10.233.1.11"]}]
+    route = {"item": "10.233.1.11", "rc": 0, "stdout": json.dumps([{"dev": RAIL2, "prefsrc": ADDR2}])}
+    kw = {"mtu": 9000, "rail_peers": rail_peers, "peers": ["spark-1"], "hostvars": {}, "play_hosts": []}
+    ok = fabric.fabric_rails_report([{"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 0}]}], up, rails, **kw)
+    assert ok == {"lines": [f"rail {RAIL2} ({ADDR2}/24, MTU 9000) reaches 10.233.1.11 with full-size frames"],
+                  "warnings": []}
+    silent = fabric.fabric_rails_report([{"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 1}]}], up, rails, **kw)
+    assert silent["lines"] == [] and silent["warnings"][0].startswith(f"rail {RAIL2}: 10.233.1.11 does not answer")
+    assert silent["warnings"][0].endswith("the ranks run on the other rails until it is fixed")

@@ -385,7 +385,13 @@ def test_every_metric_a_dashboard_panel_uses_exists(tmp_path, standin):
     state = tmp_path / "supervisor"
     state.mkdir()
     (state / "state.json").write_text(json.dumps({"state": "healthy", "failures": 0, "restarts": []}))
-    names |= {name for name, _, _ in collect(tmp_path, "--supervisor-state-dir", str(state))["samples"]}
+    # The head's collector, with the fabric proof's record beside the supervisor's state.
+    record = tmp_path / "proof.json"
+    record.write_text(json.dumps({"rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
+        {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "gbits_per_second": 97.5}]},
+        "all_reduce": {"time": "2026-12-04T12:00:05Z", "network": "IB", "busbw_gbytes_per_second": 23.19}}))
+    names |= {name for name, _, _ in collect(tmp_path, "--supervisor-state-dir", str(state),
+                                             "--fabric-record", str(record))["samples"]}
     names |= exporter_names(tmp_path, tmp_path / "textfile")
     rules = filter_plugin("monitoring").monitoring_rules({
         "ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10, "gpu_temperature_celsius": 85})

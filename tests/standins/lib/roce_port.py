@@ -22,6 +22,8 @@ IB_MTUS = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 # (GRH 40 + UDP 8 + BTH 12 + XRC ext 4 + AtomicETH 28 + ICRC 4).
 ROCE_HEADERS = 40 + 8 + 12 + 4 + 28 + 4
 PORT_ACTIVE = 4
+# The first 12 bytes of an IPv4-mapped GID (::ffff:a.b.c.d).
+IPV4_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def iboe_mtu(netdev_mtu: int) -> int:
@@ -79,6 +81,25 @@ def gid(hca: str, port: int, index: int) -> bytes | None:
     if not text:
         return None
     return bytes.fromhex(text.replace(":", ""))
+
+
+def nccl_ib_devices(env) -> list[str]:
+    """The RoCE devices NCCL's IB transport uses, in NCCL_IB_HCA's order (every device where it is unset): port 1
+    ACTIVE, and the GID at NCCL_IB_GID_INDEX (any, where unset) a RoCE v2 GID of an IPv4 address."""
+    found = devices() or []
+    listed = [h.lstrip("=^") for h in env.get("NCCL_IB_HCA", "").split(",") if h] or found
+    index = env.get("NCCL_IB_GID_INDEX", "")
+    out = []
+    for hca in listed:
+        if hca not in found or port_state(hca, 1) != PORT_ACTIVE:
+            continue
+        indexes = [int(index)] if index.isdigit() else range(16)
+        for i in indexes:
+            raw = gid(hca, 1, i)
+            if raw and raw[:12] == IPV4_MAPPED and gid_type(hca, 1, i) == "RoCE v2":
+                out.append(hca)
+                break
+    return out
 
 
 def gid_type(hca: str, port: int, index: int) -> str | None:

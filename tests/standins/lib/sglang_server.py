@@ -74,6 +74,12 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# NCCL's device choice is the RoCE stand-in's reading (lib/roce_port.py, beside this file); no __pycache__ beside
+# it (the node's files are what the shared-node check and uninstall's comparison read).
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+import roce_port  # noqa: E402
+
 KNOBS = os.environ.get("SPARK_SIM_ROOT", "") + "/etc/spark-sim/node.json"
 # The GPU a rank holds open while it lives, as a CUDA context holds /dev/nvidia0: the nvidia-smi
 # stand-in lists the processes that have it open (tests/standins/bin/nvidia-smi, GPU_DEVICE).
@@ -645,6 +651,16 @@ class Group:
             nccl_debug("INFO", "NCCL INFO init.cc:82 -> 5")
             fail("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)", self.rank)
         nccl_debug("INFO", f"NCCL INFO Bootstrap : Using {ifname or 'auto'}:{addr}<0>")
+        # NCCL's network: IB on the RoCE devices it can use (the RoCE stand-in's), else its socket transport,
+        # without failing (tests/standins/README.md, all_reduce_perf: the same choice).
+        hcas = roce_port.nccl_ib_devices(os.environ)
+        if hcas:
+            devs = " ".join(f"[{i}]{h}:1/RoCE" for i, h in enumerate(hcas))
+            nccl_debug("INFO", f"NCCL INFO NET/IB : Using {devs} [RO]; OOB {ifname or 'auto'}:{addr}<0>")
+        else:
+            nccl_debug("INFO", "NCCL INFO NET/IB : No device found.")
+            nccl_debug("INFO", f"NCCL INFO NET/Socket : Using [0]{ifname or 'auto'}:{addr}<0>")
+        nccl_debug("INFO", f"NCCL INFO Using network {'IB' if hcas else 'Socket'}")
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind((addr, 0))
         listener.listen(16)
