@@ -53,7 +53,9 @@ def node_roots(tmp_path):
         (root / "usr/lib/spark-sim").mkdir(parents=True)
         (root / "dev").mkdir()
         (root / "etc/spark-sim/node.json").write_text("{}")
-        shutil.copy2(SERVER, root / "usr/lib/spark-sim/sglang_server.py")
+        # The stand-ins' libraries as the harness installs them (the server reads the RoCE stand-in's through roce_port).
+        for lib in SERVER.parent.glob("*.py"):
+            shutil.copy2(lib, root / "usr/lib/spark-sim" / lib.name)
         roots[host] = root
     return roots
 

@@ -860,7 +860,9 @@ def node_root(tmp_path, name, knobs=None):
     (root / "etc/spark-sim").mkdir(parents=True)
     (root / "usr/lib/spark-sim").mkdir(parents=True)
     (root / "dev").mkdir()
-    shutil.copy2(SERVER, root / "usr/lib/spark-sim/sglang_server.py")
+    # The stand-ins' libraries as the harness installs them (the server reads the RoCE stand-in's through roce_port).
+    for lib in SERVER.parent.glob("*.py"):
+        shutil.copy2(lib, root / "usr/lib/spark-sim" / lib.name)
     (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1}, **(knobs or {})}))
     return root
 
