@@ -259,6 +259,11 @@ def fabric_drift(addrs, interface, address, prefix, mtu):
     return drift
 
 
+def fabric_ports_down(addrs, interfaces) -> list:
+    """The ports of `interfaces` that exist and are administratively down (fabric_port's `up`), in their order."""
+    return [i for i in interfaces or [] if fabric_port(addrs, i)["present"] and not fabric_port(addrs, i)["up"]]
+
+
 def fabric_rails_drift(addrs, rails, mtu) -> list:
     """fabric_drift over every rail ([{interface, ip, prefix}]): [sentence], empty when all match."""
     return [d for r in rails or [] for d in fabric_drift(addrs, r["interface"], r["ip"], r["prefix"], mtu)]
@@ -834,6 +839,7 @@ class FilterModule:
             "fabric_rails_errors": fabric_rails_errors,
             "fabric_rail_probes": fabric_rail_probes,
             "fabric_rails_drift": fabric_rails_drift,
+            "fabric_ports_down": fabric_ports_down,
             "fabric_rails_settled": fabric_rails_settled,
             "fabric_rail_faults": fabric_rail_faults,
             "fabric_rails_report": fabric_rails_report,

@@ -470,3 +470,10 @@ def test_each_further_rail_is_reported_with_its_reach_or_its_cause():
     silent = fabric.fabric_rails_report([{"routes": [route], "pings": [{"item": "10.233.1.11", "rc": 1}]}], up, rails, **kw)
     assert silent["lines"] == [] and silent["warnings"][0].startswith(f"rail {RAIL2}: 10.233.1.11 does not answer")
     assert silent["warnings"][0].endswith("the ranks run on the other rails until it is fixed")
+
+
+def test_the_ports_set_down_are_the_rails_a_link_up_brings_back():
+    down = [{"ifname": IFACE, "flags": ["BROADCAST", "MULTICAST"], "mtu": 9000, "addr_info": []},
+            {"ifname": RAIL2, "flags": ["NO-CARRIER", "BROADCAST", "UP"], "mtu": 9000, "addr_info": []}]
+    # The fabric port is down; the rail is up without carrier (nothing a link up does); a port absent is no port.
+    assert fabric.fabric_ports_down(down, [IFACE, RAIL2, "enP9s9"]) == [IFACE]
