@@ -153,15 +153,15 @@ def sim_cluster(request):
     if request.node.get_closest_marker(SHARED_MARK):
         pair = request.getfixturevalue("shared_pair")
         lent = pair.lend()
-        before = instance_cpu_seconds(lent.instance)
+        before = sim.instance_cpu_seconds(lent.instance)
         yield lent
-        nodes_cpu["own"] += instance_cpu_seconds(lent.instance) - before
+        nodes_cpu["own"] += sim.instance_cpu_seconds(lent.instance) - before
         pair.give_back(request.node.name)
         return
     instance = sim_instance_name()
     c = sim.up(instance, 2, hub=True)
     yield c
-    nodes_cpu["own"] += instance_cpu_seconds(instance)
+    nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
     if not request.config.getoption("--keep-nodes"):
         sim.down(instance)
 
@@ -178,15 +178,6 @@ def sim_inventory(sim_cluster):
 
 _module_seconds: dict[str, float] = {}
 _CPU_LOG = Path(tempfile.gettempdir()) / "spark-test-cpu"
-
-
-def instance_cpu_seconds(instance: str) -> float:
-    """CPU seconds every node of a harness instance used so far (0 when it is down)."""
-    try:
-        stat = (sim._cgroup_root() / "spark-sim" / instance / "cpu.stat").read_text()
-    except (OSError, RuntimeError):
-        return 0.0
-    return int(stat.split("usage_usec ", 1)[1].split()[0]) / 1e6
 
 
 def _process_cpu_seconds() -> float:
@@ -253,9 +244,10 @@ def pytest_terminal_summary(terminalreporter, config):
                                 f"{len(runs):4d} runs ({sum(r['cpu'] for r in runs):6.1f}) "
                                 f"{sum(c.get('ssh', 0) for c in cpu.values()):5d} ssh  in all modules")
     if runs:
-        terminalreporter.write_sep("-", "costliest playbook runs: controller CPU-s, wall s, task results on the nodes")
-        for entry in sorted(runs, key=lambda r: -r["cpu"])[:15]:
-            terminalreporter.write_line(f"{entry['cpu']:7.1f} {entry['wall']:7.1f}s {entry['host_results']:5d}  "
+        terminalreporter.write_sep("-", "costliest playbook runs: controller + nodes CPU-s, wall s, task results on the nodes")
+        for entry in sorted(runs, key=lambda r: -r["cpu"] - r.get("nodes", 0))[:20]:
+            terminalreporter.write_line(f"{entry['cpu']:7.1f} + {entry.get('nodes', 0):6.1f} {entry['wall']:7.1f}s "
+                                        f"{entry['host_results']:5d}  "
                                         f"{entry['playbook']}{' --check' if entry['check'] else ''}  {entry['test']}")
 
 

@@ -351,6 +351,15 @@ _SUPPLIES: dict[int, subprocess.Popen] = {}
 _REAPED = {"cpu": 0.0}
 
 
+def instance_cpu_seconds(instance: str) -> float:
+    """CPU seconds every node of an instance used so far (0 when it is down): the test suite's accounting."""
+    try:
+        stat = (_cgroup_root() / "spark-sim" / instance / "cpu.stat").read_text()
+    except (OSError, RuntimeError):
+        return 0.0
+    return int(stat.split("usage_usec ", 1)[1].split()[0]) / 1e6
+
+
 def reaped_supply_cpu() -> float:
     """CPU seconds the supplies reaped so far brought into this process's RUSAGE_CHILDREN."""
     return _REAPED["cpu"]

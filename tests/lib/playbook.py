@@ -18,6 +18,8 @@ from pathlib import Path
 
 import ansible_runner
 
+from tests.harness import cluster as sim
+
 REPO = Path(__file__).resolve().parents[2]
 # The inventory check's one refusal of bad settings (playbooks/tasks/inventory_check.yml), before any play that
 # contacts a node: every concern's plan (server, firewall, supervisor, monitoring) in one task per host.
@@ -100,7 +102,7 @@ def run_playbook(
 ) -> Result:
     """Run `playbook` (a path relative to the repository root) like an operator would."""
     private = Path(tempfile.mkdtemp(prefix="runner-"))
-    started, cpu_before = time.monotonic(), children_cpu_seconds()
+    started, cpu_before, nodes_before = time.monotonic(), children_cpu_seconds(), nodes_cpu_seconds(inventory)
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -131,7 +133,8 @@ def run_playbook(
         )
         stdout = r.stdout.read() if r.stdout else ""
         result = Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
-        log_run(playbook, check, result, time.monotonic() - started, children_cpu_seconds() - cpu_before)
+        log_run(playbook, check, result, time.monotonic() - started, children_cpu_seconds() - cpu_before,
+                nodes_cpu_seconds(inventory) - nodes_before)
         return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -147,13 +150,19 @@ def children_cpu_seconds() -> float:
     return children.ru_utime + children.ru_stime
 
 
-def log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float) -> None:
+def nodes_cpu_seconds(inventory: str | os.PathLike) -> float:
+    """CPU seconds the simulated nodes behind a harness inventory used so far (0 for any other inventory)."""
+    path = Path(inventory)
+    return sim.instance_cpu_seconds(path.parent.name) if path.parent.parent == sim.STATE_ROOT else 0.0
+
+
+def log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float, nodes: float = 0.0) -> None:
     run = os.environ.get("SPARK_TEST_RUN")
     if not run:
         return
     remote = [e for e in result.task_events() if e["event"] != "runner_on_start"
               and e["event_data"].get("host") not in ("localhost", None)]
     line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "playbook": playbook,
-            "check": check, "rc": result.rc, "wall": round(wall, 2), "cpu": round(cpu, 2), "host_results": len(remote)}
+            "check": check, "rc": result.rc, "wall": round(wall, 2), "cpu": round(cpu, 2), "nodes": round(nodes, 2), "host_results": len(remote)}
     with open(f"{RUN_LOG}-{run}.jsonl", "a") as log:
         log.write(json.dumps(line) + "\n")
