@@ -134,7 +134,7 @@ def run_playbook(
         stdout = r.stdout.read() if r.stdout else ""
         result = Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
         log_run(playbook, check, result, time.monotonic() - started, children_cpu_seconds() - cpu_before,
-                nodes_cpu_seconds(inventory) - nodes_before)
+                nodes=nodes_cpu_seconds(inventory) - nodes_before)
         return result
     finally:
         shutil.rmtree(private, ignore_errors=True)
@@ -156,13 +156,14 @@ def nodes_cpu_seconds(inventory: str | os.PathLike) -> float:
     return sim.instance_cpu_seconds(path.parent.name) if path.parent.parent == sim.STATE_ROOT else 0.0
 
 
-def log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float, nodes: float = 0.0) -> None:
+def log_run(playbook: str, check: bool, result: Result, wall: float, cpu: float, *, nodes: float = 0.0) -> None:
     run = os.environ.get("SPARK_TEST_RUN")
     if not run:
         return
     remote = [e for e in result.task_events() if e["event"] != "runner_on_start"
               and e["event_data"].get("host") not in ("localhost", None)]
     line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "playbook": playbook,
-            "check": check, "rc": result.rc, "wall": round(wall, 2), "cpu": round(cpu, 2), "nodes": round(nodes, 2), "host_results": len(remote)}
+            "check": check, "rc": result.rc, "wall": round(wall, 2), "cpu": round(cpu, 2), "nodes": round(nodes, 2),
+            "host_results": len(remote)}
     with open(f"{RUN_LOG}-{run}.jsonl", "a") as log:
         log.write(json.dumps(line) + "\n")
