@@ -1,9 +1,10 @@
 """Day-2 verbs on a TP=2 group deployed by playbooks/server.yml on simulated nodes.
 
 The stand-ins (docker CLI, SGLang server) run the real unit; the playbooks
-reach the nodes over SSH like on DGX OS. The tests run in file order on one
-deployment: status, verify, doctor, a restart under --limit, stop. The restart
-under --limit runs once (module fixture `restarted_under_limit`) and feeds two
+reach the nodes over SSH like on DGX OS. First, on the pair as it booted, a
+restart is refused; then the tests run in file order on one deployment:
+status, verify, doctor, a restart under --limit, stop. The restart under
+--limit runs once (module fixture `restarted_under_limit`) and feeds two
 tests: restart.yml ends with verify.yml's role (verify), whose JSON report
 the verify test reads, so the group is not asked the verify questions twice.
 """
@@ -35,6 +36,19 @@ def unit_times(node):
     out = sh(node, f"systemctl show {UNIT} -p InactiveEnterTimestampMonotonic,ActiveEnterTimestampMonotonic,ActiveState")
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return int(props["InactiveEnterTimestampMonotonic"]), int(props["ActiveEnterTimestampMonotonic"]), props["ActiveState"]
+
+
+def test_a_restart_of_a_group_never_deployed_is_refused_with_the_fix_before_any_stop(sim_cluster):
+    # First in the file: the pair as it booted, before the module's deployment.
+    result = run_playbook("playbooks/restart.yml", sim_cluster.inventory)
+    assert result.rc != 0
+    assert {d["task"] for d in result.failed} == {"Refuse to restart a group that is not deployed"}, result.stdout[-3000:]
+    assert result.failure_messages() == (
+        f"Nothing to restart: {UNIT} is not installed on spark-0, spark-1 (never deployed there, or uninstalled). "
+        "Deploy the group first: ansible-playbook site.yml -i <inventory> (or playbooks/server.yml where the "
+        "checkpoint and the fabric are already in place).")
+    assert result.changed == []
+    assert [e for e in result.task_events() if e["event_data"].get("task") == "Stop every rank, the head first"] == []
 
 
 @pytest.fixture(scope="module")
