@@ -462,3 +462,17 @@ def test_an_inventory_that_sets_a_setting_under_both_names_is_refused_before_any
     assert "spark-0 sets both sglang_server_port (its name before 1.1.0) and server_port" in message, message[-3000:]
     assert "Fix: keep only the new name" in message
     assert result.changed == [] and not out.exists()
+
+
+def test_the_four_node_example_renders_one_tp4_group_whose_ranks_meet_at_the_head(tmp_path):
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, REPO / "inventory" / "spark-tp4", extravars={"server_render_dir": str(out)})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["spark-0", "spark-1", "spark-2", "spark-3"]
+    for rank in range(4):
+        host = f"spark-{rank}"
+        tail = dict(pairs(json.loads((out / host / "server-args.json").read_text())))
+        assert (tail["--tp-size"], tail["--nnodes"], tail["--node-rank"]) == ("4", "4", str(rank)), host
+        assert tail["--dist-init-addr"] == "192.168.100.10:20000", host
+        env = (out / host / "spark-llm.env").read_text()
+        assert f"SGLANG_HOST_IP=192.168.100.1{rank}\n" in env, env
