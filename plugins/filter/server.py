@@ -463,7 +463,8 @@ def _check_topology(ctx, errors):
 
 
 def _check_fabric_addresses(ctx, nodes, owners, errors):
-    """Every rank's fabric address in the head's fabric subnet, and none of them another node's management address."""
+    """No rank's fabric address is another node's management address (a node's own is refused above). Whether
+    the addresses share one subnet is the fabric role's check (fabric_off_subnet), with the prefixes it applies."""
     ok = True
     managed = ctx.get("ansible_hosts") or {}
     for node in nodes:
@@ -474,28 +475,6 @@ def _check_fabric_addresses(ctx, nodes, owners, errors):
                     f"of {node}, so the ranks would reach {node}'s management port for {holders[0]}. Fix: give "
                     f"{holders[0]} its own address on the ConnectX-7 link (DGX default 192.168.100.x).")
                 ok = False
-    prefix = inputs.whole_number(ctx.get("fabric_prefix"))
-    head_ip = (ctx.get("fabric_ips") or {}).get(nodes[0]) if nodes else None
-    if prefix is None or not 8 <= prefix <= 30 or head_ip is None:
-        return ok  # the fabric role refuses a bad prefix; a missing head address is refused above
-    try:
-        subnet = ipaddress.IPv4Network(f"{head_ip}/{prefix}", strict=False)
-    except ValueError:
-        return ok
-    for node in nodes[1:]:
-        ip = (ctx.get("fabric_ips") or {}).get(node)
-        try:
-            inside = ipaddress.IPv4Address(str(ip)) in subnet
-        except ValueError:
-            continue  # refused above
-        if not inside:
-            errors.append(
-                f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: outside the group's fabric subnet {subnet} "
-                f"(the head {nodes[0]}'s {head_ip} with spark_fabric_prefix {prefix}). The ranks of a group reach one "
-                "another straight on one fabric subnet (the rendezvous, NCCL and the firewall's peer rules); a ring "
-                f"of Sparks without a switch is not supported yet. Fix: give {node} an address in {subnet}, or set "
-                "spark_fabric_prefix to the prefix the cabling uses.")
-            ok = False
     return ok
 
 
