@@ -148,7 +148,10 @@ def test_a_setting_of_a_role_the_playbook_does_not_run_is_refused_by_type_before
     refuses their settings of the wrong type, on every host, before any contact."""
     out = tmp_path / "rendered"
     result = run_playbook("playbooks/render.yml", inventory(tmp_path, HEAD, WORKERS), envvars=NO_CONTACT,
-                          extravars={"server_render_dir": str(out), "fabric_mtu": "jumbo", "benchmark_rounds": "few"})
+                          extravars={"server_render_dir": str(out), "fabric_mtu": "jumbo", "benchmark_rounds": "few",
+                                     # 1.7.0's settings of the all-reduce proof and of the ranks' NCCL log
+                                     "fabric_busbw_always": "perhaps", "fabric_min_busbw_gbps": "fast",
+                                     "server_nccl_debug": "TRACE"})
     assert result.rc != 0, result.stdout[-3000:]
     assert {d["task"] for d in result.failed} == {SETTINGS_CHECK}, result.stdout[-3000:]
     assert sorted(d["host"] for d in result.failed) == ["spark-0", "spark-1"]
@@ -157,6 +160,10 @@ def test_a_setting_of_a_role_the_playbook_does_not_run_is_refused_by_type_before
     for d in result.failed:
         errors = " ".join(d["res"]["argument_errors"])
         assert "'fabric_mtu'" in errors and "jumbo" in errors and "'benchmark_rounds'" in errors, errors
+        for option, value in (("fabric_busbw_always", "perhaps"), ("server_nccl_debug", "TRACE")):
+            assert option in errors and value in errors, (option, errors)
+        # Ansible's own text for a float names the option but not the value it could not convert.
+        assert "'fabric_min_busbw_gbps' is of type str and we were unable to convert to float" in errors, errors
 
 
 def test_one_node_renders_when_acknowledged(tmp_path):
