@@ -39,16 +39,30 @@ def unit_times(node):
 
 
 def test_a_restart_of_a_group_never_deployed_is_refused_with_the_fix_before_any_stop(sim_cluster):
-    # First in the file: the pair as it booted, before the module's deployment.
-    result = run_playbook("playbooks/restart.yml", sim_cluster.inventory)
-    assert result.rc != 0
-    assert {d["task"] for d in result.failed} == {"Refuse to restart a group that is not deployed"}, result.stdout[-3000:]
-    assert result.failure_messages() == (
-        f"Nothing to restart: {UNIT} is not installed on spark-0, spark-1 (never deployed there, or uninstalled). "
-        "Deploy the group first: ansible-playbook site.yml -i <inventory> (or playbooks/server.yml where the "
-        "checkpoint and the fabric are already in place).")
-    assert result.changed == []
-    assert [e for e in result.task_events() if e["event_data"].get("task") == "Stop every rank, the head first"] == []
+    # First in the file: the pair as it booted, before the module's deployment; the worker's unit masked as well,
+    # which no start gets past either.
+    worker = sim_cluster.nodes[1]
+    refused = {}
+    for masked in (False, True):
+        if masked:
+            sh(worker, f"systemctl mask {UNIT}")
+        try:
+            refused[masked] = run_playbook("playbooks/restart.yml", sim_cluster.inventory)
+        finally:
+            sh(worker, f"systemctl unmask {UNIT}")
+    not_installed = (f"Nothing to restart: {UNIT} is not installed on {{}} (never deployed there, or uninstalled). "
+                     "Deploy the group first: ansible-playbook site.yml -i <inventory> (or playbooks/server.yml where "
+                     "the checkpoint and the fabric are already in place).")
+    assert refused[False].failure_messages() == not_installed.format("spark-0, spark-1")
+    assert refused[True].failure_messages() == not_installed.format("spark-0") + (
+        f" {UNIT} is masked on spark-1, so no rank can start there (someone took it out of service by hand). Fix: "
+        f"systemctl unmask {UNIT} on each, then run this again.")
+    for result in refused.values():
+        assert result.rc != 0
+        assert {d["task"] for d in result.failed} == {"Refuse to restart a group that is not deployed"}, \
+            result.stdout[-3000:]
+        assert result.changed == []
+        assert [e for e in result.task_events() if e["event_data"].get("task") == "Stop every rank, the head first"] == []
 
 
 @pytest.fixture(scope="module")
