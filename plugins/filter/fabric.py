@@ -261,7 +261,8 @@ def fabric_drift(addrs, interface, address, prefix, mtu):
 
 def fabric_ports_down(addrs, interfaces) -> list:
     """The ports of `interfaces` that exist and are administratively down (fabric_port's `up`), in their order."""
-    return [i for i in interfaces or [] if fabric_port(addrs, i)["present"] and not fabric_port(addrs, i)["up"]]
+    ports = [(i, fabric_port(addrs, i)) for i in interfaces or []]
+    return [i for i, port in ports if port["present"] and not port["up"]]
 
 
 def fabric_rails_drift(addrs, rails, mtu) -> list:

@@ -427,6 +427,9 @@ def _check_topology(ctx, errors):
         ok = False
     fabric = ctx.get("fabric_ips") or {}
     managed = ctx.get("ansible_hosts") or {}
+    managed_by = {}
+    for node in nodes:
+        managed_by.setdefault(str(managed.get(node, node)), []).append(node)
     owners = {}
     for node in nodes:
         ip = fabric.get(node)
@@ -440,7 +443,16 @@ def _check_topology(ctx, errors):
             ok = False
             continue
         owners.setdefault(str(address), []).append(node)
-        if str(managed.get(node, node)) == str(address):
+        # Whose management address this is: another node's, or (below) its own.
+        managed_here = managed_by.get(str(address), [])
+        for other in managed_here:
+            if other != node:
+                errors.append(
+                    f"hostvars[{node!r}].spark_fabric_ip = {address}: is the management address (ansible_host) "
+                    f"of {other}, so the ranks would reach {other}'s management port for {node}. Fix: give "
+                    f"{node} its own address on the ConnectX-7 link (DGX default 192.168.100.x).")
+                ok = False
+        if node in managed_here:
             errors.append(
                 f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: equals its ansible_host, the management address, so "
                 "the ranks would rendezvous and exchange tensors over the management network (and the fabric role would "
@@ -456,26 +468,9 @@ def _check_topology(ctx, errors):
                 "distinct spark_fabric_ip in the inventory."
             )
             ok = False
-    ok = _check_fabric_addresses(ctx, nodes, owners, errors) and ok
     if not ok:
         return None, None
     return nodes, head_group[0]
-
-
-def _check_fabric_addresses(ctx, nodes, owners, errors):
-    """No rank's fabric address is another node's management address (a node's own is refused above). Whether
-    the addresses share one subnet is the fabric role's check (fabric_off_subnet), with the prefixes it applies."""
-    ok = True
-    managed = ctx.get("ansible_hosts") or {}
-    for node in nodes:
-        for address, holders in owners.items():
-            if node not in holders and str(managed.get(node, node)) == address:
-                errors.append(
-                    f"hostvars[{holders[0]!r}].spark_fabric_ip = {address}: is the management address (ansible_host) "
-                    f"of {node}, so the ranks would reach {node}'s management port for {holders[0]}. Fix: give "
-                    f"{holders[0]} its own address on the ConnectX-7 link (DGX default 192.168.100.x).")
-                ok = False
-    return ok
 
 
 def _model_config(read):
