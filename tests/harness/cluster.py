@@ -548,17 +548,22 @@ def _prepare_node(c: Cluster, n: Node, rootfs: Path, wheels: Path, knobs: dict) 
     shutil.copytree(wheels, m / "opt/spark-sim/wheels", dirs_exist_ok=True)
 
 
+def install_standin_libs(root: Path) -> None:
+    """The stand-ins' libraries into a node's root (tests that run a stand-in in a root of their own use it too)."""
+    lib = root / "usr/lib/spark-sim"
+    lib.mkdir(parents=True, exist_ok=True)
+    for f in sorted((STANDINS / "lib").glob("*")):
+        if f.is_file():
+            shutil.copy2(f, lib / f.name)
+
+
 def _install_standins(m: Path) -> None:
     """Tools DGX OS has and Debian lacks, as test stand-ins (tests/standins)."""
     for tool in sorted((STANDINS / "bin").glob("*")):
         dest = m / "usr/bin" / tool.name
         shutil.copy2(tool, dest)
         dest.chmod(0o755)
-    lib = m / "usr/lib/spark-sim"
-    lib.mkdir(parents=True, exist_ok=True)
-    for f in sorted((STANDINS / "lib").glob("*")):
-        if f.is_file():
-            shutil.copy2(f, lib / f.name)
+    install_standin_libs(m)
     # Kernel interfaces a container cannot have, started at every boot.
     wants = m / "etc/systemd/system/sysinit.target.wants"
     wants.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, run_playbook
 from tests.lib.unit_file import exec_lines
 
@@ -50,12 +50,10 @@ def node_roots(tmp_path):
     for host in ("spark-0", "spark-1"):
         root = tmp_path / "nodes" / host
         (root / "etc/spark-sim").mkdir(parents=True)
-        (root / "usr/lib/spark-sim").mkdir(parents=True)
         (root / "dev").mkdir()
         (root / "etc/spark-sim/node.json").write_text("{}")
         # The stand-ins' libraries as the harness installs them (the server reads the RoCE stand-in's through roce_port).
-        for lib in SERVER.parent.glob("*.py"):
-            shutil.copy2(lib, root / "usr/lib/spark-sim" / lib.name)
+        sim.install_standin_libs(root)
         roots[host] = root
     return roots
 

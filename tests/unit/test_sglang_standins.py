@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import cluster as sim
 from tests.lib.roles import keyed_launcher
 from tests.lib.seed import SEED_FLAGS, flatten
 from tests.standins.hub_emulator import REPO_ID, HubEmulator, build_checkpoint
@@ -858,11 +858,9 @@ def test_without_gpu_release_seconds_the_gpu_is_free_when_the_rank_ends(tmp_path
 def node_root(tmp_path, name, knobs=None):
     root = tmp_path / name
     (root / "etc/spark-sim").mkdir(parents=True)
-    (root / "usr/lib/spark-sim").mkdir(parents=True)
     (root / "dev").mkdir()
     # The stand-ins' libraries as the harness installs them (the server reads the RoCE stand-in's through roce_port).
-    for lib in SERVER.parent.glob("*.py"):
-        shutil.copy2(lib, root / "usr/lib/spark-sim" / lib.name)
+    sim.install_standin_libs(root)
     (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0.1}, **(knobs or {})}))
     return root
 
