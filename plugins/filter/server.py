@@ -1053,9 +1053,10 @@ def server_doctor_lines(results):
 def server_install_drift(probe, expected):
     """What the install step would change on this rank, from the one probe (library/server_state.py).
 
-    `expected`: {"files": {kind: {"sha1", "mode"}}, "dir_mode", "owner", "group", "enabled"} as the
-    install tasks would write them. [] means every file, mode, owner and the boot switch are in place,
-    so the install tasks would report no change and are skipped; anything else runs them all.
+    `expected`: {"files": {kind: {"sha1", "mode"} or {"absent": true}}, "dir_mode", "owner", "group", "enabled"}
+    as the install tasks would write them (absent: a file they remove). [] means every file, mode, owner and the
+    boot switch are in place, so the install tasks would report no change and are skipped; anything else runs
+    them all.
     """
     files = (probe or {}).get("files") or {}
     owner, group = expected.get("owner", "root"), expected.get("group", "root")
@@ -1066,7 +1067,10 @@ def server_install_drift(probe, expected):
         out.append("configuration directory")
     for kind, want in (expected.get("files") or {}).items():
         got = files.get(kind) or {}
-        if not got.get("exists") or got.get("isdir"):
+        if want.get("absent"):
+            if got.get("exists"):
+                out.append(f"{kind} present")
+        elif not got.get("exists") or got.get("isdir"):
             out.append(f"{kind} missing")
         elif got.get("sha1") != want.get("sha1"):
             out.append(f"{kind} content")
@@ -1080,13 +1084,14 @@ def server_install_drift(probe, expected):
 
 def server_restart_reasons(hosts, hostvars):
     """Per rank of `hosts` that has one, why the group must restart: a newer image pulled, a changed env
-    file or unit (the install step's results), a unit that is not active. {} when none has a reason."""
+    file, API key or unit (the install step's results), a unit that is not active. {} when none has a reason."""
     out = {}
     for host in hosts or []:
         facts = hostvars[host]
         probe = facts.get("__server_probe") or {}
         reasons = ["a newer image was pulled"] if probe.get("changed") else []
         for key, what in (("__server_env_result", "env file changed"),
+                          ("__server_key_result", "API key changed"),
                           ("__server_unit_result", "unit changed")):
             result = facts.get(key)
             if isinstance(result, Mapping) and result.get("changed"):

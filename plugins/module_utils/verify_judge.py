@@ -331,8 +331,8 @@ def judge_auth(exchanges, access):
             "auth",
             False,
             f"served {' and '.join(served)} (without a key: {_answer(anonymous)}, wrong key: {_answer(wrong)})",
-            "SGLang runs without --api-key: the unit starts python3 -m sglang.launch_server, or the env file lacks "
-            "SGLANG_API_KEY",
+            "SGLang runs without --api-key: the unit starts python3 -m sglang.launch_server, or the rank's key file "
+            "(/etc/spark-llm/spark-llm.key, mounted read-only) is empty",
             "re-run playbooks/server.yml (it installs the key and the keyed launcher); see playbooks/doctor.yml",
         )
     if not (anonymous and anonymous.get("status") == 401 and wrong and wrong.get("status") == 401):

@@ -36,6 +36,12 @@ options:
     description: The installed configuration's files, as C(unit), C(env) and C(args) paths.
     type: dict
     required: true
+  key_file:
+    description:
+      - The rank's API key file. Read for its checksum, mode and owner only; it is not kept with a configuration
+        (a rollback restores the unit, the env file and server-args.json, never an older key).
+    type: path
+    default: ""
   config_dir:
     description: The directory that holds the env file and server-args.json.
     type: path
@@ -86,6 +92,7 @@ EXAMPLES = r"""
     image_ref: lmsysorg/sglang:glm-5.3-flash-arm64
     model_config: /opt/models/glm53/config.json
     files: {unit: /etc/systemd/system/spark-llm.service, env: /etc/spark-llm/spark-llm.env, args: /etc/spark-llm/server-args.json}
+    key_file: /etc/spark-llm/spark-llm.key
     config_dir: /etc/spark-llm
     unit: spark-llm.service
     nginx_conf: /etc/nginx/conf.d/spark-llm.conf
@@ -103,7 +110,9 @@ model_config:
   returned: always
   type: dict
 files:
-  description: Per C(unit), C(env), C(args) and C(dir) - C(exists), C(sha1) (files), C(mode), C(owner), C(group).
+  description:
+    - Per C(unit), C(env), C(args), C(dir) and, with O(key_file), C(key) - C(exists), C(sha1) (files), C(mode),
+      C(owner), C(group).
   returned: always
   type: dict
 unit:
@@ -162,6 +171,7 @@ def main():
             "pull": {"type": "bool", "default": True},
             "model_config": {"type": "path", "required": True},
             "files": {"type": "dict", "required": True},
+            "key_file": {"type": "path", "default": ""},
             "config_dir": {"type": "path", "required": True},
             "unit": {"type": "str", "required": True},
             "nginx_conf": {"type": "path", "required": True},
@@ -203,6 +213,8 @@ def main():
 
     result["files"] = {kind: describe(paths[kind]) for kind in KINDS}
     result["files"]["dir"] = describe(p["config_dir"], with_sum=False)
+    if p["key_file"]:
+        result["files"]["key"] = describe(p["key_file"])
     result["unit"] = unit_properties(module, [p["unit"]], ("ActiveState", "UnitFileState", "LoadState"))[p["unit"]]
     ib = "/dev/infiniband"
     result["rdma"] = os.path.isdir(ib) and not os.path.islink(ib)

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.shared_nodes
 
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 ENV_FILE = "/etc/spark-llm/spark-llm.env"
+KEY_FILE = "/etc/spark-llm/spark-llm.key"
 ARGS_FILE = "/etc/spark-llm/server-args.json"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 REPO_ID = "LibertAIDAI/GLM-5.3-Flash-NVFP4"
@@ -83,10 +84,10 @@ def rendered(sim_cluster, tmp_path_factory):
     assert result.rc == 0, result.stdout[-3000:]
     files, before = {}, {}
     for n in sim_cluster.nodes:
-        # The render redacts the key; the installed env file holds it, as server.yml writes it.
+        # The unit mounts the rank's key file (install() puts it beside the env file, as server.yml does).
         files[n.name] = {"unit": (out / n.name / "spark-llm.service").read_text(),
-                         "env": (out / n.name / "spark-llm.env").read_text().replace("<redacted>", API_KEY)}
-        assert f"SGLANG_API_KEY={API_KEY}" in files[n.name]["env"]
+                         "env": (out / n.name / "spark-llm.env").read_text()}
+        assert f"--volume {KEY_FILE}:/run/spark-llm/api-key:ro" in files[n.name]["unit"]
         before[n.name] = sh(n, f"systemctl is-active {' '.join(PULLED_IN)}; ls -A /run/spark-sim 2>/dev/null",
                             check=False).split()
     try:
@@ -110,10 +111,11 @@ def rendered(sim_cluster, tmp_path_factory):
 
 
 def install(cluster, files, name, unit=None, env=None):
-    """The unit and env file as server.yml installs them (or as edited by hand), with no start pending."""
+    """The unit, env file and key file as server.yml installs them (or as edited by hand), no start pending."""
     n = node(cluster, name)
     put(n, UNIT_PATH, unit or files[name]["unit"])
     put(n, ENV_FILE, env or files[name]["env"], mode="0600")
+    put(n, KEY_FILE, API_KEY, mode="0600")
     sh(n, f"systemctl daemon-reload && (systemctl reset-failed {UNIT} 2>/dev/null; true)")
 
 

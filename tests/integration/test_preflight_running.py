@@ -31,7 +31,7 @@ REFUSE_TASK = "Refuse a server unit name that systemd and docker cannot both use
 MODEL_PARENT = "/opt/models"
 MODEL_DIR = f"{MODEL_PARENT}/glm53"
 SCRATCH_MODEL_DIR = "/var/tmp/preflight-rank-model"
-SCRATCH_ENV_FILE = "/var/tmp/preflight-rank.env"
+SCRATCH_KEY_FILE = "/var/tmp/preflight-rank.key"
 MIB = 1024 * 1024
 # Far above any test machine's MemAvailable: the memory floor fails wherever it is applied.
 HUGE_FLOOR = {"preflight_memory_available_min_mib": 64 * 1024 * 1024}
@@ -98,8 +98,9 @@ def rank(sim_cluster):
         # With an API key the unit runs the keyed launcher (`python3 -c ...`) instead of the module.
         launch, env = "python3 -m sglang.launch_server", ""
         if api_key:
-            sim.ssh(n, f"umask 077 && echo SGLANG_API_KEY={api_key} > {SCRATCH_ENV_FILE}")
-            launch, env = f"python3 -c {shlex.quote(keyed_launcher())}", f"--env-file {SCRATCH_ENV_FILE} "
+            sim.ssh(n, f"umask 077 && echo {api_key} > {SCRATCH_KEY_FILE}")
+            launch = f"python3 -c {shlex.quote(keyed_launcher())} /run/spark-llm/api-key"
+            env = f"--volume {SCRATCH_KEY_FILE}:/run/spark-llm/api-key:ro "
         sim.ssh(n, f"systemd-run --unit {unit} --collect --quiet /usr/bin/docker run --rm --name {container} "
                    f"--gpus all --volume {model_dir}:/model:ro {env}{IMAGE} {launch} "
                    f"--model-path /model --host 127.0.0.1 --port {port} --context-length 4096 "
@@ -117,7 +118,7 @@ def rank(sim_cluster):
     yield start
     for n, unit, container in reversed(started):
         sim.ssh(n, f"systemctl stop {unit}; systemctl reset-failed {unit}; docker rm -f {container}", check=False)
-        sim.ssh(n, f"rm -rf {SCRATCH_MODEL_DIR} {SCRATCH_ENV_FILE}", check=False)
+        sim.ssh(n, f"rm -rf {SCRATCH_MODEL_DIR} {SCRATCH_KEY_FILE}", check=False)
         wait_for(lambda n=n, unit=unit: sim.ssh(n, f"systemctl is-active {unit}", check=False).strip() != "active",
                  f"{unit} to stop")
 

@@ -202,8 +202,6 @@ def test_env_file_carries_fabric_facts_and_is_private(rendered, host):
         # NCCL's choice of network at each start, in the journal.
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": "INIT,NET",
-        # Secure by default: a key (generated at deployment) goes into this file only.
-        "SGLANG_API_KEY": "<redacted>",
     }
 
 
@@ -212,7 +210,8 @@ def test_serving_without_a_key_needs_allow_unauthenticated(off_switches):
     assert result.rc == 0, result.stdout[-3000:]
     env = (out / "spark-0" / "spark-llm.env").read_text()
     unit = (out / "spark-0" / "spark-llm.service").read_text()
-    assert "SGLANG_API_KEY" not in env and "python3 -m sglang.launch_server" in unit and "python3 -c" not in unit
+    assert "API_KEY" not in env and "python3 -m sglang.launch_server" in unit and "python3 -c" not in unit
+    assert "spark-llm.key" not in unit and "/run/spark-llm/api-key" not in unit
 
 
 def test_second_render_changes_nothing(rendered):
@@ -253,7 +252,7 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
     })
     assert result.rc == 0, result.stdout
     changed_tasks = {d["task"] for d in result.changed}
-    assert "Render the node's unit, environment file (secrets redacted) and launch arguments" in changed_tasks
+    assert "Render the node's unit, environment file and launch arguments" in changed_tasks
     for host in NODES:
         args = json.loads((out / host / "server-args.json").read_text())
         assert args[args.index("--context-length") + 1] == "32768"
@@ -264,9 +263,10 @@ def test_overrides_are_reflected_and_a_change_is_reported(rendered, tmp_path):
         assert "/dev/infiniband" not in unit
         env = (out / host / "spark-llm.env").read_text()
         assert "NCCL_IB_HCA=mlx5_0,mlx5_1\n" in env
-        assert "SGLANG_API_KEY=<redacted>\n" in env
-        # With a key the launcher reads it from the container environment, not from argv.
-        assert "python3 -c" in unit and "os.environ['SGLANG_API_KEY']" in unit
+        assert "API_KEY" not in env, "docker records the env file in the container's configuration"
+        # With a key the launcher reads the rank's key file, mounted read-only, not argv or the environment.
+        assert "--volume /etc/spark-llm/spark-llm.key:/run/spark-llm/api-key:ro" in unit
+        assert re.search(r'python3 -c "[^"]*open\(sys\.argv\[1\]\)[^"]*" /run/spark-llm/api-key \\\n', unit)
     # The key is in no rendered file and in no event the run produced.
     assert not [p for p in out.rglob("*") if p.is_file() and "sk-render-test-key-0123456789abcdef" in p.read_text()]
     assert "sk-render-test-key-0123456789abcdef" not in json.dumps(result.events)

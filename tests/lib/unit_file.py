@@ -46,12 +46,13 @@ def launch_args(words_or_unit: list[str] | str) -> list[str]:
     """The sglang.launch_server arguments of the server's ExecStart (or of a command's words).
 
     The unit runs `python3 -m sglang.launch_server ARGS`, or with an API key
-    `python3 -c "<launcher>" ARGS`: the arguments follow the module or the program.
+    `python3 -c "<launcher>" KEY_FILE ARGS` (the key file's path in the container first): the arguments follow
+    the module or the launcher's own argument.
     """
     words = exec_words(words_or_unit) if isinstance(words_or_unit, str) else words_or_unit
     for i, word in enumerate(words[:-2]):
         if word.rsplit("/", 1)[-1].startswith("python") and words[i + 1] in ("-m", "-c"):
             if words[i + 1] == "-m" and words[i + 2] != "sglang.launch_server":
                 continue
-            return words[i + 3:]
+            return words[i + 3:] if words[i + 1] == "-m" else words[i + 4:]
     raise ValueError(f"no python3 -m sglang.launch_server or -c launcher in {words}")

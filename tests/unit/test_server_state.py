@@ -47,8 +47,10 @@ def node(tmp_path, monkeypatch):
         path.parent.mkdir(parents=True, exist_ok=True)
     store.chmod(0o700)
     paths["unit"].write_text(f"[Service]\nExecStart=/usr/bin/docker run --name sglang {IMAGE}\n")
-    paths["env"].write_text(f"SGLANG_API_KEY={KEY}\n")
+    paths["env"].write_text("HF_HUB_OFFLINE=1\n")
     paths["env"].chmod(0o600)
+    (store / "spark-llm.key").write_text(KEY)
+    (store / "spark-llm.key").chmod(0o600)
     paths["args"].write_text(json.dumps(["--port", "30000"]) + "\n")
     model = root / "opt" / "models" / "glm53"
     model.mkdir(parents=True)
@@ -83,7 +85,10 @@ def test_reads_files_and_config_without_their_content(node):
     assert result["files"]["env"]["mode"] == "0600"
     assert result["files"]["dir"]["isdir"] and result["files"]["dir"]["mode"] == "0700"
     assert json.loads(base64.b64decode(result["model_config"]["content"])) == {"num_attention_heads": 64}
-    assert KEY not in json.dumps(result), "the env file's content reached the answer"
+    assert "key" not in result["files"], "no key file asked for"
+    keyed = probe(node, check=True, key_file=str(node["store"] / "spark-llm.key"))["files"]["key"]
+    assert keyed["exists"] and keyed["mode"] == "0600" and keyed["sha1"] == sha1(node["store"] / "spark-llm.key")
+    assert KEY not in json.dumps(keyed), "the key file's content reached the answer"
     node["paths"]["args"].unlink()
     assert probe(node, check=True)["files"]["args"] == {"exists": False}
 
@@ -110,7 +115,7 @@ def test_recorded_only_when_what_runs_is_kept_and_nothing_else_is_pending(node):
         # Committed: nothing pending is left, so the next commit after verify has nothing to do.
         committed = probe(node, check=True)
         assert (committed["recorded"], committed["pending"]) == (True, False), "last good"
-        node["paths"]["env"].write_text(f"SGLANG_API_KEY={KEY}\nEXTRA=1\n")
+        node["paths"]["env"].write_text("HF_HUB_OFFLINE=1\nEXTRA=1\n")
         assert probe(node, check=True)["recorded"] is False, "an edited env file is not what was kept"
     finally:
         docker(node["root"], "stop", "--time", "1", "spark-llm", check=False)
@@ -165,6 +170,22 @@ def test_install_runs_when_anything_it_owns_differs(changes, expected, want):
     assert drift(found(**changes), expected) == want
 
 
+def test_the_key_file_is_installed_where_the_ranks_are_keyed_and_removed_where_not():
+    keyed = {**EXPECTED, "files": {**EXPECTED["files"], "key": {"sha1": "key" * 4, "mode": "0600"}}}
+    with_key = found()
+    with_key["files"]["key"] = {"exists": True, "isdir": False, "sha1": "key" * 4, "mode": "0600", "owner": "root",
+                                "group": "root"}
+    assert drift(with_key, keyed) == []
+    with_key["files"]["key"]["sha1"] = "rotated"
+    assert drift(with_key, keyed) == ["key content"]
+    with_key["files"]["key"]["sha1"], with_key["files"]["key"]["mode"] = "key" * 4, "0644"
+    assert drift(with_key, keyed) == ["key mode or owner"]
+    assert drift(found(), keyed) == ["key missing"], "a node deployed before the key had a file of its own"
+    unkeyed = {**EXPECTED, "files": {**EXPECTED["files"], "key": {"absent": True}}}
+    assert drift(found(), unkeyed) == []
+    assert drift(with_key, unkeyed) == ["key present"]
+
+
 def test_a_fresh_node_installs_everything():
     fresh = {"files": {kind: {"exists": False} for kind in ("unit", "env", "args", "dir")},
              "unit": {"ActiveState": "inactive", "UnitFileState": ""}}
@@ -185,3 +206,5 @@ def test_restart_reasons_name_each_rank_and_cause():
         "spark-0": ["a newer image was pulled", "unit failed"], "spark-1": ["env file changed"]}
     hostvars["spark-1"] = {"__server_probe": active, "__server_unit_result": {"changed": True}}
     assert reasons(["spark-1"], hostvars) == {"spark-1": ["unit changed"]}
+    hostvars["spark-1"] = {"__server_probe": active, "__server_key_result": {"changed": True}}
+    assert reasons(["spark-1"], hostvars) == {"spark-1": ["API key changed"]}

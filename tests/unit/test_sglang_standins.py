@@ -946,18 +946,20 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
     (root / "dev/infiniband").mkdir()
     assert docker(root, "pull", IMAGE).returncode == 0
     env_file = tmp_path / "spark-llm.env"
-    env_file.write_text("# comment\nSGLANG_API_KEY=sk-env-only\nHF_HUB_OFFLINE=1\n")
+    env_file.write_text("# comment\nHF_HUB_OFFLINE=1\n")
     env_file.chmod(0o600)
+    key_file = tmp_path / "spark-llm.key"
+    key_file.write_text("sk-file-only")
+    key_file.chmod(0o600)
     port = free_port()
-    launcher = ("import os,runpy,sys; sys.argv=['sglang.launch_server']+sys.argv[1:]+['--api-key',"
-                "os.environ['SGLANG_API_KEY']]; runpy.run_module('sglang.launch_server',run_name='__main__',"
-                "alter_sys=True)")
+    # The unit's launcher: the key file's path in the container is its first argument.
+    launcher = keyed_launcher()
     args = server_args("/models/glm53", port)
     cmd = [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all", "--network", "host",
            "--ipc", "host", "--shm-size", "32g", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
            "--cap-add", "IPC_LOCK", "--device", "/dev/infiniband", "--memory", "120g", "--memory-swap", "120g",
-           "--volume", f"{model_dir}:/models/glm53:ro", "--env-file", str(env_file), IMAGE,
-           "python3", "-c", launcher, *args]
+           "--volume", f"{model_dir}:/models/glm53:ro", "--volume", f"{key_file}:/run/spark-llm/api-key:ro",
+           "--env-file", str(env_file), IMAGE, "python3", "-c", launcher, "/run/spark-llm/api-key", *args]
     proc = subprocess.Popen(cmd, env={**os.environ, "SPARK_SIM_ROOT": str(root)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -966,12 +968,12 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
         assert ps.stdout.split() == ["sglang", IMAGE]
         conflict = docker(root, "run", "--rm", "--name", "sglang", IMAGE, "true")
         assert conflict.returncode == 125 and 'The container name "/sglang" is already in use' in conflict.stderr
-        # The key came from the env file, not from any command line.
+        # The key came from the mounted file, not from any command line.
         assert http(port, "/v1/models")[0] == 401
         # Served under the container path, as the real server would.
-        models = http(port, "/v1/models", headers={"Authorization": "Bearer sk-env-only"})[1]
+        models = http(port, "/v1/models", headers={"Authorization": "Bearer sk-file-only"})[1]
         assert models["data"][0]["id"] == "/models/glm53"
-        assert "sk-env-only" not in " ".join(cmd)
+        assert "sk-file-only" not in " ".join(cmd)
         assert "MAMBA component" in docker(root, "logs", "sglang").stdout
         # The roles' own query: the running container's image, by an anchored name filter.
         assert docker(root, "ps", "--filter", "name=^sglang$", "--format", "{{.Image}}").stdout.strip() == IMAGE
@@ -984,8 +986,12 @@ def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_di
         assert state["HostConfig"]["Memory"] == 120 * 1024 ** 3 and state["HostConfig"]["AutoRemove"] is True
         assert {"Source": str(model_dir), "Destination": "/models/glm53", "RW": False}.items() <= \
             state["Mounts"][0].items()
-        # Like the daemon: the environment given to the container is in its record.
-        assert "SGLANG_API_KEY=sk-env-only" in state["Config"]["Env"]
+        # Like the daemon: the environment given to the container is in its record, a mounted file's
+        # content is not (only its paths are).
+        assert "HF_HUB_OFFLINE=1" in state["Config"]["Env"]
+        assert {"Source": str(key_file), "Destination": "/run/spark-llm/api-key", "RW": False}.items() <= \
+            state["Mounts"][1].items()
+        assert "sk-file-only" not in docker(root, "inspect", "sglang").stdout
         assert docker(root, "stop", "--time", "5", "sglang").stdout.strip() == "sglang"
         assert proc.wait(timeout=10) == 143
         assert docker(root, "ps", "-a", "-q").stdout.strip() == ""
@@ -1114,12 +1120,16 @@ def test_nvidia_smi_lists_the_rank_of_either_launcher_and_not_the_docker_client(
     root = node_root(tmp_path, "n")
     assert docker(root, "pull", IMAGE).returncode == 0
     env_file = tmp_path / "spark-llm.env"
-    env_file.write_text("SGLANG_API_KEY=sk-smi-test\n")
+    env_file.write_text("HF_HUB_OFFLINE=1\n")
+    key_file = tmp_path / "spark-llm.key"
+    key_file.write_text("sk-smi-test\n")
     # What the unit runs (roles/server/templates/server.service.j2), with and without an API key.
-    launcher = ["python3", "-c", keyed_launcher()] if keyed else ["python3", "-m", "sglang.launch_server"]
+    launcher = (["python3", "-c", keyed_launcher(), "/run/spark-llm/api-key"] if keyed
+                else ["python3", "-m", "sglang.launch_server"])
     port = free_port()
     cmd = [sys.executable, str(DOCKER), "run", "--rm", "--name", "sglang", "--gpus", "all", "--env-file",
-           str(env_file), "--volume", f"{model_dir}:/models/glm53:ro", IMAGE, *launcher,
+           str(env_file), "--volume", f"{model_dir}:/models/glm53:ro",
+           "--volume", f"{key_file}:/run/spark-llm/api-key:ro", IMAGE, *launcher,
            *server_args("/models/glm53", port)]
     assert compute_apps(root) == []
     proc = subprocess.Popen(cmd, env={**os.environ, "SPARK_SIM_ROOT": str(root)}, stdout=subprocess.PIPE,
@@ -1129,7 +1139,7 @@ def test_nvidia_smi_lists_the_rank_of_either_launcher_and_not_the_docker_client(
         rank = int(docker(root, "inspect", "--format", "{{.State.Pid}}", "sglang").stdout)
         assert rank != proc.pid
         # The rank runs what the unit asked for; the docker client names the launcher in its own argv too.
-        assert cmdline(rank)[1:3] == launcher[1:]
+        assert cmdline(rank)[1:3] == launcher[1:3]
         assert launcher[2] in cmdline(proc.pid)
         # Only the rank holds the GPU, as the driver would list it: not the client that started it.
         assert compute_apps(root) == [(rank, sys.executable)]

@@ -252,9 +252,9 @@ class FakeCluster:
 
 
 def settings(tmp_path: Path, **overrides) -> Path:
-    env = tmp_path / "spark-llm.env"
-    env.write_text(f"NCCL_SOCKET_IFNAME=enp1s0f0np0\nSGLANG_API_KEY={KEY}\nHF_HUB_OFFLINE=1\n")
-    env.chmod(0o600)
+    key_file = tmp_path / "spark-llm.key"
+    key_file.write_text(f"{KEY}\n")
+    key_file.chmod(0o600)
     config = {
         "unit": "spark-llm.service",
         "nodes": [{"name": HEAD, "address": "192.168.100.10", "local": True}, {"name": WORKER, "address": "192.168.100.11"}],
@@ -262,7 +262,7 @@ def settings(tmp_path: Path, **overrides) -> Path:
                 "connect_timeout": 5},
         "endpoint": "http://127.0.0.1:30000",
         "model": "glm53",  # the role passes a basename; /v1/models lists the full id
-        "env_file": str(env),
+        "key_file": str(key_file),
         "tls_ca": None,
         "interval": 30, "failures": 3, "probe_timeout": 20, "max_restarts": 3, "window": 21600,
         "readiness_timeout": 3600, "gpu_release_timeout": 180, "node_wait_report": 600,
@@ -320,7 +320,7 @@ ORDERED_RESTART = [(HEAD, "stop"), (WORKER, "stop"), (HEAD, "reset-failed"), (WO
 
 
 def assert_no_key(world: World) -> None:
-    """The API key is read from the env file and sent as a header: nowhere else."""
+    """The API key is read from the key file and sent as a header: nowhere else."""
     places = {
         "log lines": "\n".join(world.lines),
         "argv": json.dumps(world.cluster.argvs),
@@ -631,7 +631,7 @@ def test_the_window_ceiling_ends_a_slow_loop_and_forgets_older_restarts(new_worl
 
 def test_the_back_off_doubles_up_to_its_cap():
     cfg = S.Config(path="", unit="u", nodes=(S.Node("h", "", True),), ssh_user="root", ssh_key=None,
-                   ssh_known_hosts=None, connect_timeout=5, endpoint="http://x", model="m", env_file="", tls_ca=None,
+                   ssh_known_hosts=None, connect_timeout=5, endpoint="http://x", model="m", key_file="", tls_ca=None,
                    interval=30, failures=3, probe_timeout=20, max_restarts=9, window=21600, readiness_timeout=60,
                    gpu_release_timeout=60, node_wait_report=600, alert_command="", state_dir="/nonexistent",
                    backoff_initial=10, backoff_max=100)
@@ -1091,17 +1091,17 @@ def test_the_api_key_travels_only_in_the_authorization_header(new_world):
     w.tick()  # gives up: the journal lines hold the key
     assert w.state()["state"] == "gave-up"
     assert {h.get("Authorization") for _m, _p, h, _b in w.cluster.requests} == {f"Bearer {KEY}"}
-    env = Path(w.sup.cfg.env_file)
-    env.write_text("SGLANG_API_KEY=sk-rotated\n")
+    key_file = Path(w.sup.cfg.key_file)
+    key_file.write_text("sk-rotated\n")
     w.cluster.key = "sk-rotated"
     assert w.sup.generate(MODEL_ID).detail.startswith("generation: ")
     assert w.cluster.requests[-1][2]["Authorization"] == "Bearer sk-rotated"
-    env.write_text(f"SGLANG_API_KEY={KEY}\n")  # assert_no_key (teardown) looks for the original key
+    key_file.write_text(f"{KEY}\n")  # assert_no_key (teardown) looks for the original key
 
 
 def test_without_a_key_no_authorization_header_is_sent(new_world):
     w = new_world()
-    Path(w.sup.cfg.env_file).write_text("HF_HUB_OFFLINE=1\n")
+    Path(w.sup.cfg.key_file).unlink()
     w.cluster.key = ""
     w.boot()
     w.tick()
@@ -1279,9 +1279,9 @@ def test_the_real_runner_probes_the_endpoint(tmp_path, endpoint, monkeypatch):
     assert sup.generate(MODEL_ID).ok
     monkeypatch.setattr(S, "PROBE_PROMPT", "stall")
     assert sup.generate(MODEL_ID) == S.Probe(False, "generation: no answer within 1s")
-    Path(sup.cfg.env_file).write_text("SGLANG_API_KEY=wrong\n")
+    Path(sup.cfg.key_file).write_text("wrong\n")
     assert sup.models() == S.Probe(False, "/v1/models: HTTP 401", status=401)
-    Path(sup.cfg.env_file).write_text(f"SGLANG_API_KEY={KEY}\n")
+    Path(sup.cfg.key_file).write_text(f"{KEY}\n")
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]

@@ -128,8 +128,8 @@ def test_rank_unit_is_active_and_enabled(host):
 def test_head_serves_the_model(host):
     if host.backend.get_hostname() != head_name(host):
         pytest.skip("only rank 0 serves HTTP")
-    # With the key from the rank's env file (secure by default), through stdin: never on a command line.
+    # With the key from the rank's key file (secure by default), through stdin: never on a command line.
     models = json.loads(host.check_output(
-        "sed -n 's/^SGLANG_API_KEY=/Authorization: Bearer /p' /etc/spark-llm/spark-llm.env"
+        "sed -n 's/^/Authorization: Bearer /p' /etc/spark-llm/spark-llm.key"
         " | curl -sf -H @- http://127.0.0.1:30000/v1/models"))
     assert len(models["data"]) == 1

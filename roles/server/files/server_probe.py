@@ -4,7 +4,7 @@
 Prints one JSON object: {"unit": <systemctl is-active>, "ready": bool, "detail": str}.
 Returns early when the unit stops being active (the caller then fails every rank)
 or when the head lists the served model; without --url (a worker) it reads the
-unit once. The API key is read from the rank's own env file so it never travels
+unit once. The API key is read from the rank's own key file so it never travels
 on a command line.
 """
 
@@ -16,15 +16,12 @@ import urllib.error
 import urllib.request
 
 
-def api_key(env_file):
+def api_key(key_file):
     try:
-        with open(env_file) as f:
-            for line in f:
-                if line.startswith("SGLANG_API_KEY="):
-                    return line.split("=", 1)[1].strip()
+        with open(key_file) as f:
+            return f.read().strip()
     except OSError:
-        pass
-    return ""
+        return ""
 
 
 def unit_state(unit):
@@ -45,9 +42,9 @@ def main():
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--url")
     p.add_argument("--model")
-    p.add_argument("--env-file")
+    p.add_argument("--key-file")
     a = p.parse_args()
-    key = api_key(a.env_file) if a.env_file else ""
+    key = api_key(a.key_file) if a.key_file else ""
     deadline = time.monotonic() + a.seconds
     detail = f"{a.unit} is active"
     while True:

@@ -48,8 +48,8 @@ Files in state_dir (all written atomically, 0600; on disk: a state_dir on tmpfs 
   paused        marker: {"reason", "time"}
   gave-up.json  {"reason", "time", "restarts", "journal": {node: [last 30 lines]}, ...}
 
-The API key is the SGLANG_API_KEY= line of env_file, read at each probe and sent only as an
-HTTP header: never logged, never on a command line. Standard library only (Python >= 3.11).
+The API key is the content of key_file (the rank's 0600 key file), read at each probe and sent only
+as an HTTP header: never logged, never on a command line. Standard library only (Python >= 3.11).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ DEFAULTS = {
     "unit": "spark-llm.service",
     "endpoint": "http://127.0.0.1:30000",
     "model": "",
-    "env_file": "",
+    "key_file": "",
     "tls_ca": None,
     "interval": 30,
     "failures": 3,
@@ -161,7 +161,7 @@ class Config:
     connect_timeout: float
     endpoint: str
     model: str
-    env_file: str
+    key_file: str
     tls_ca: str | None
     interval: float
     failures: int
@@ -260,7 +260,7 @@ def load_config(path: str) -> Config:
         path=path, unit=merged["unit"], nodes=tuple(nodes),
         ssh_user=str(ssh["user"]), ssh_key=ssh["key"] or None, ssh_known_hosts=ssh["known_hosts"] or None,
         connect_timeout=ssh["connect_timeout"],
-        endpoint=merged["endpoint"].rstrip("/"), model=merged["model"], env_file=merged["env_file"] or "",
+        endpoint=merged["endpoint"].rstrip("/"), model=merged["model"], key_file=merged["key_file"] or "",
         tls_ca=merged["tls_ca"] or None,
         interval=merged["interval"], failures=int(merged["failures"]), probe_timeout=merged["probe_timeout"],
         max_restarts=int(merged["max_restarts"]), window=merged["window"],
@@ -550,12 +550,10 @@ class Supervisor:
     def api_key(self) -> str:
         """Read at each use: a key rotated by a deployment is picked up without a restart."""
         key = ""
-        if self.cfg.env_file:
+        if self.cfg.key_file:
             try:
-                with open(self.cfg.env_file) as f:
-                    for line in f:
-                        if line.startswith("SGLANG_API_KEY="):
-                            key = line.split("=", 1)[1].strip()
+                with open(self.cfg.key_file) as f:
+                    key = f.read().strip()
             except OSError:
                 key = ""
         if key:
