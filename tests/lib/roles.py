@@ -54,9 +54,10 @@ def flag_model(engine: str = "sglang") -> dict:
     return flag_models()[engine]
 
 
-def keyed_launcher() -> str:
-    """The `python3 -c` program the unit runs instead of `-m sglang.launch_server` when an API key is set."""
-    return role_vars("server")["__server_keyed_launcher"]
+def keyed_launcher(engine: str = "sglang") -> str:
+    """The `python3 -c` program the unit runs when an API key is set: instead of `-m sglang.launch_server`,
+    or (engine vllm) of `vllm serve`."""
+    return role_vars("server")["__server_vllm_keyed_launcher" if engine == "vllm" else "__server_keyed_launcher"]
 
 
 @functools.cache
