@@ -855,6 +855,15 @@ def _check_engine(ctx, model, errors):
             "(sglang deploys; vllm renders its units only, in this version)."
         )
         return False
+    # The inventory's own settings (a role default is in no host's hostvars): one group, one engine.
+    others = {node: str(e) for node, e in (ctx.get("rank_engines") or {}).items() if e is not None and str(e) != engine}
+    if others:
+        errors.append(
+            f"{ENGINE} = {engine!r} on {ctx.get('inventory_hostname')}, but "
+            f"{', '.join(f'{e!r} on {node}' for node, e in sorted(others.items()))}: the ranks of one group run one "
+            f"engine, and each would start another one's command line. Fix: set {ENGINE} once for the whole group "
+            "(the inventory's group_vars of the group, or -e)."
+        )
     render_only = _as_bool(ctx.get("server_render_only"))
     if render_only is None:
         errors.append(f"server_render_only = {inputs.shown(ctx.get('server_render_only'))}: must be true or false. "
@@ -885,12 +894,13 @@ def server_plan(ctx, model, hostvars=None):
     """
     errors = []
     ctx = dict(ctx)
-    if not _check_engine(ctx, model, errors):
-        return {"errors": errors, "args": [], "rank": None, "nodes": [], "head": None}
     if hostvars is not None:
         names = list(ctx.get("head_group") or []) + list(ctx.get("worker_group") or [])
         ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in names if n in hostvars}
         ctx["ansible_hosts"] = {n: hostvars[n].get("ansible_host", n) for n in names if n in hostvars}
+        ctx["rank_engines"] = {n: hostvars[n].get(ENGINE) for n in names if n in hostvars}
+    if not _check_engine(ctx, model, errors):
+        return {"errors": errors, "args": [], "rank": None, "nodes": [], "head": None}
     ack = ctx.get(ACK)
     if not isinstance(ack, bool):
         errors.append(f"{ACK} = {inputs.shown(ack)}: must be true or false. Fix: use a YAML boolean.")

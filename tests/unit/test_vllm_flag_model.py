@@ -399,3 +399,18 @@ def test_the_vllm_keyed_launcher_sets_vllm_s_key_and_runs_vllm_serve(tmp_path):
     assert key == "sk-launcher-test" and source_left is False
     assert "api-key" not in " ".join(argv)
     assert not re.search(r"--api-key", keyed_launcher("vllm"))
+
+
+def test_ranks_that_the_inventory_gives_different_engines_are_refused():
+    hostvars = {"spark-0": {"spark_fabric_ip": HEAD_IP, "spark_engine": "vllm"},
+                "spark-1": {"spark_fabric_ip": "192.168.100.11", "spark_engine": "sglang"}}
+    c = vctx()
+    del c["fabric_ips"]
+    errors = FILTER.server_plan(c, VLLM, hostvars)["errors"]
+    assert len(errors) == 1, errors
+    for fragment in ("spark_engine = 'vllm' on spark-0, but 'sglang' on spark-1", "one engine",
+                     "Fix: set spark_engine once for the whole group"):
+        assert fragment in errors[0], errors[0]
+    # An engine the inventory does not set (the role's default is in no hostvars) is no disagreement.
+    del hostvars["spark-1"]["spark_engine"]
+    assert FILTER.server_plan(c, VLLM, hostvars)["errors"] == []
