@@ -1,9 +1,11 @@
 """Validation and argument rendering for the server flag model.
 
-The data (defaults, kinds, ranges, guard rails, the model's shape) lives in
-the spark role's vars/main.yml as ``spark_flag_model``; this module only
-interprets it, so the unit, server-args.json, the inventory check every
-playbook runs first and the assert share one computation.
+The data (defaults, kinds, ranges, guard rails, the model's shape, and how
+messages name the engine) lives in the spark role's vars/main.yml as
+``spark_flag_models``, one model per engine; ``spark_flag_model`` is the site's
+engine's. This module only interprets a model, so the unit, server-args.json,
+the inventory check every playbook runs first and the assert share one
+computation, whichever engine it is.
 
 Validation collects every problem instead of stopping at the first one: an
 operator fixing one error per 20-minute model load would never finish.
@@ -42,6 +44,19 @@ OVR = "server_flag_overrides"
 PROFILE = "server_profile"
 PROFILES = "server_profiles"
 ACK = "server_acknowledge_backend_change"
+ENGINE = "spark_engine"
+# The derived flags the plan can compute, by the names the engines give them (a model naming another one is
+# refused by its unit test, not here at run time).
+DERIVED = frozenset({"model-path", "model", "tp-size", "tensor-parallel-size", "nnodes", "node-rank",
+                     "dist-init-addr", "master-addr", "master-port", "headless", "host", "port"})
+
+
+def _label(model):
+    return model.get("label", "SGLang")
+
+
+def _program(model):
+    return model.get("program", "sglang.launch_server")
 
 
 def _is_bool(value):
@@ -79,9 +94,13 @@ def _vocabulary(model):
     return sorted(set(flags) | set(aliases) | set(model.get("known", [])) | set(model.get("secrets", {})))
 
 
-def _check_override(name, value, spec, ack, errors):
-    """Validate one override of a flag the model describes; return the normalised value."""
-    where = f"{OVR}[{name!r}] = {inputs.shown(value)}"
+def _check_override(name, value, spec, ack, errors, *, key=None):
+    """Validate one override of a flag the model describes; return the normalised value.
+
+    ``key`` is the name the override gives (an alias, e.g. a profile's SGLang name of a vLLM flag): the
+    message names the setting as written and the flag it sets."""
+    key = name if key is None else key
+    where = f"{OVR}[{key!r}] = {inputs.shown(value)}"
     kind = spec["kind"]
     dropped = value is None or value is False
     default = spec.get("default")
@@ -93,17 +112,27 @@ def _check_override(name, value, spec, ack, errors):
             errors.append(
                 f"{where}: this {action} the load-bearing --{name} {'switch' if kind == 'switch' else inputs.shown(default)} "
                 f"({spec.get('why', 'field-tested on sm_121')}); on GB10 (sm_121) the seed's backend set is load-bearing "
-                f"and a change fails at start-up or misbehaves later. Fix: remove '{name}' from {OVR}, or set "
+                f"and a change fails at start-up or misbehaves later. Fix: remove '{key}' from {OVR}, or set "
                 f"{ACK}: true if you know why this change works on sm_121."
             )
             return None
 
     if dropped:
-        if spec.get("keep"):
+        if spec.get("keep") and kind == "switch":
+            errors.append(
+                f"{where}: drops --{name} ({' '.join(spec['keep'].split())}). Fix: remove '{key}' from {OVR} "
+                "(the default sets it)."
+            )
+        elif spec.get("keep"):
             errors.append(
                 f"{where}: drops --{name} ({' '.join(spec['keep'].split())}). Fix: give a value instead "
-                f"(the seed uses {inputs.shown(default)}), or remove '{name}' from {OVR}."
+                f"(the seed uses {inputs.shown(default)}), or remove '{key}' from {OVR}."
             )
+        return None
+
+    refused = (spec.get("refuse") or {}).get(str(value))
+    if refused is not None and not _is_bool(value):
+        errors.append(f"{where}: {' '.join(refused.split())}. Fix: remove '{key}' from {OVR}.")
         return None
 
     if kind == "switch":
@@ -184,6 +213,9 @@ def _check_overrides(model, overrides, ack, errors):
 
     effective = {spec["name"]: spec.get("default") for spec in model["flags"] if spec["kind"] != "derived"}
     extras = {}
+    program, label = _program(model), _label(model)
+    # The key that set each flag: two names of one flag in one mapping leave which value is meant unknown.
+    given = {}
 
     if overrides is None:
         overrides = {}
@@ -211,7 +243,14 @@ def _check_overrides(model, overrides, ack, errors):
             )
             continue
         if canonical in flags:
-            effective[canonical] = _check_override(canonical, value, flags[canonical], ack, errors)
+            if canonical in given:
+                errors.append(
+                    f"{where}: sets --{canonical}, and so does {OVR}[{given[canonical]!r}] (two names of one "
+                    f"{label} flag). Fix: keep one of the two keys."
+                )
+                continue
+            given[canonical] = name
+            effective[canonical] = _check_override(canonical, value, flags[canonical], ack, errors, key=name)
             continue
         if name in secrets:
             errors.append(
@@ -231,21 +270,21 @@ def _check_overrides(model, overrides, ack, errors):
         dashed = name.replace("_", "-")
         if dashed != name and dashed in vocabulary:
             errors.append(
-                f"{where}: --{name} is not a sglang.launch_server flag; did you mean '{dashed}'? Fix: "
-                "SGLang flags use dashes, rename the key."
+                f"{where}: --{name} is not a {program} flag; did you mean '{dashed}'? Fix: "
+                f"{label} flags use dashes, rename the key."
             )
             continue
         prefixed = [known_name for known_name in vocabulary if known_name.startswith(name)]
         if prefixed:
             errors.append(
-                f"{where}: --{name} is not a sglang.launch_server flag but argparse would silently take it as an "
+                f"{where}: --{name} is not a {program} flag but argparse would silently take it as an "
                 f"abbreviation of --{prefixed[0]}; did you mean '{prefixed[0]}'? Fix: use the full flag name."
             )
             continue
         close = difflib.get_close_matches(name, vocabulary, n=1, cutoff=cutoff)
         if close:
             errors.append(
-                f"{where}: --{name} is not a sglang.launch_server flag (SGLang would refuse to start); "
+                f"{where}: --{name} is not a {program} flag ({label} would refuse to start); "
                 f"did you mean '{close[0]}'? Fix: rename the key to '{close[0]}'."
             )
             continue
@@ -270,9 +309,10 @@ def _with_profile(ctx, model, ack, errors):
         )
         return overrides
     if "default" in profiles:
+        point = ", ".join(f"{spec['name']} {_fmt_number(spec['default'])}" for spec in model["flags"] if spec.get("capacity"))
         errors.append(
-            f"{PROFILES}['default']: `default` is the built-in profile, the seed's point (context-length 65536, "
-            "max-running-requests 2). Fix: give your profile another name."
+            f"{PROFILES}['default']: `default` is the built-in profile, the seed's point ({point}). Fix: give your "
+            "profile another name."
         )
     if not isinstance(name, str) or (name != "default" and name not in profiles):
         errors.append(
@@ -295,14 +335,22 @@ def _with_profile(ctx, model, ack, errors):
     errors += [message.replace(OVR, where) for message in found]
     if found or not isinstance(overrides, Mapping):
         return overrides
-    for flag in flags:
-        if flag in overrides and str(overrides[flag]) != str(flags[flag]):
+    # A profile names SGLang's capacity flags (the tune writes them); another engine's model takes them as
+    # aliases, so one flag may be spelt differently in the profile and in the overrides.
+    _, aliases = _index(model)
+    by_flag = {aliases.get(str(key), str(key)): key for key in overrides}
+    merged = {}
+    for flag, value in flags.items():
+        key = by_flag.get(aliases.get(str(flag), str(flag)))
+        if key is None:
+            merged[flag] = value
+        elif str(overrides[key]) != str(value):
             errors.append(
-                f"{OVR}[{flag!r}] = {inputs.shown(overrides[flag])}, but {PROFILE} = {name!r} sets {flag} = "
-                f"{inputs.shown(flags[flag])}: "
-                f"two values for one flag. Fix: remove '{flag}' from {OVR}, or choose another profile."
+                f"{OVR}[{key!r}] = {inputs.shown(overrides[key])}, but {PROFILE} = {name!r} sets {flag} = "
+                f"{inputs.shown(value)}: "
+                f"two values for one flag. Fix: remove '{key}' from {OVR}, or choose another profile."
             )
-    return {**flags, **overrides}
+    return {**merged, **overrides}
 
 
 def _check_combinations(model, effective, errors):
@@ -326,14 +374,16 @@ def _check_combinations(model, effective, errors):
                 f"from {OVR}."
             )
 
-    tilelang = [n for n in ("dsa-prefill-backend", "dsa-decode-backend") if effective.get(n) == "tilelang"]
+    # Driven by the model's attributes: a model without tilelang backends (vLLM's) never gets here.
+    tilelang = [spec["name"] for spec in model["flags"]
+                if spec.get("tilelang_backend") and effective.get(spec["name"]) == "tilelang"]
     for spec in model["flags"]:
         if not spec.get("bfloat16_with_tilelang") or not tilelang:
             continue
         value = effective.get(spec["name"])
         if value in ("bfloat16", "bf16"):
             continue
-        shown = "dropped (SGLang then picks the dtype itself)" if value is None else f"= {inputs.shown(value)}"
+        shown = f"dropped ({_label(model)} then picks the dtype itself)" if value is None else f"= {inputs.shown(value)}"
         errors.append(
             f"{OVR}[{spec['name']!r}] {shown}: the tilelang DSA kernels ({', '.join('--' + n for n in tilelang)}) "
             f"need a bfloat16 KV cache on sm_121. Fix: keep kv-cache-dtype bfloat16 (remove it from {OVR})."
@@ -403,7 +453,7 @@ def _check_topology(ctx, errors):
     if len(head_group) != 1:
         errors.append(
             f"inventory group {head_name} = {head_group}: it must hold exactly one host (rank 0, which serves HTTP and "
-            f"hosts --dist-init-addr). Fix: put exactly one host in {head_name} and the others in {workers_name}."
+            f"hosts the ranks' rendezvous). Fix: put exactly one host in {head_name} and the others in {workers_name}."
         )
         ok = False
     both = sorted(set(head_group) & set(workers))
@@ -437,8 +487,9 @@ def _check_topology(ctx, errors):
             address = ipaddress.IPv4Address(str(ip))
         except ValueError:
             errors.append(
-                f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: every rank needs the IPv4 address of its fabric "
-                f"link (NCCL binds to it, the head's is --dist-init-addr). Fix: set spark_fabric_ip for {node} in the inventory."
+                f"hostvars[{node!r}].spark_fabric_ip = {inputs.shown(ip)}: every rank needs the IPv4 address of its "
+                f"fabric link (NCCL binds to it, the head's is the ranks' rendezvous). Fix: set spark_fabric_ip for {node} "
+                "in the inventory."
             )
             ok = False
             continue
@@ -503,7 +554,7 @@ def _check_shape(ctx, model, nodes, errors):
         errors.append(
             f"inventory: {len(nodes)} node(s) x server_gpus_per_node {gpus} gives --tp-size {tp}, which does not "
             f"divide {' and '.join(f'the {n} {what}' for what, n in bad.items())} ({source}): tensor parallelism splits "
-            f"every layer's heads evenly across the ranks, and SGLang refuses this split at start-up. Fix: use a node "
+            f"every layer's heads evenly across the ranks, and {_label(model)} refuses this split at start-up. Fix: use a node "
             f"count that divides them (2 DGX Sparks for this model) in {workers_name}."
         )
     size = inputs.whole_number(ctx.get("checkpoint_bytes"))
@@ -555,7 +606,7 @@ def _check_pem(var, path, kind, errors):
                       f"would refuse to start. {fix}.")
 
 
-def _check_access(ctx, port, dist, errors):
+def _check_access(ctx, model, port, dist, errors):
     """The API key and TLS settings: secure by default, and refused up front when they cannot work."""
     key = ctx.get("server_api_key")
     if isinstance(key, str) and key and not any(c in key for c in "\r\n\x00"):
@@ -592,7 +643,7 @@ def _check_access(ctx, port, dist, errors):
     backend = inputs.whole_number(ctx.get("server_tls_backend_port"))
     if backend is None or not 1 <= backend <= 65535:
         errors.append(
-            f"server_tls_backend_port = {inputs.shown(ctx.get('server_tls_backend_port'))}: SGLang's own port "
+            f"server_tls_backend_port = {inputs.shown(ctx.get('server_tls_backend_port'))}: {_label(model)}'s own port "
             "behind nginx must be a TCP port number. Fix: give a whole number between 1 and 65535 (default 30001)."
         )
         backend = None
@@ -627,7 +678,33 @@ def _check_access(ctx, port, dist, errors):
     return backend
 
 
-def _check_image_tag(image, digest, errors):
+def _repository_path(image):
+    """An image reference's repository path: without the registry host (a first part with a dot, a port, or
+    localhost) and without the tag."""
+    parts = image.split("/")
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        parts = parts[1:]
+    parts[-1] = parts[-1].split(":", 1)[0]
+    return "/".join(parts)
+
+
+def _check_image_engine(ctx, model, image, errors):
+    """An image named after another engine cannot run this engine's command line."""
+    if not isinstance(image, str) or not IMAGE_REF.match(image):
+        return
+    path = _repository_path(image)
+    others = [e for e in ctx.get("spark_engines") or () if e != model.get("engine") and str(e) in path]
+    if others:
+        given = "server_image" if ctx.get("server_image") else f"{ENGINE}'s image"
+        errors.append(
+            f"server_image = {inputs.shown(image)}: its repository path names {others[0]}, another engine than "
+            f"{ENGINE} = {model.get('engine')!r}, so it would not run {_program(model)} (the unit runs the "
+            f"{_label(model)} command line). Fix: leave server_image empty for {_label(model)}'s {model.get('image')}, "
+            f"or give an image of {_label(model)}'s, or set {ENGINE}: {others[0]} ({given} stays)."
+        )
+
+
+def _check_image_tag(model, image, digest, errors):
     """A moving tag lets two nodes (or two runs) pull different images."""
     if not isinstance(image, str) or not IMAGE_REF.match(image) or digest:
         return
@@ -637,12 +714,12 @@ def _check_image_tag(image, digest, errors):
         errors.append(
             f"server_image = {inputs.shown(image)}: {'no tag means :latest' if not tag else ':latest'}, a tag that "
             "moves, so nodes pulling at different times run different images, and the generic image lacks the "
-            "glm5_next model code. Fix: the per-model arm64 image lmsysorg/sglang:glm-5.3-flash-arm64, or pin a digest "
-            "with server_image_digest."
+            f"glm5_next model code. Fix: {_label(model)}'s image for this model, {model.get('image')} (leave "
+            "server_image empty), or pin a digest with server_image_digest."
         )
 
 
-def _check_scalars(ctx, errors):
+def _check_scalars(ctx, model, errors):
     def need_int(var, low, high, why):
         value = ctx.get(var)
         number = inputs.whole_number(value)
@@ -674,11 +751,12 @@ def _check_scalars(ctx, errors):
                 "b, k, m or g."
             )
 
-    image = ctx.get("server_image")
+    # Empty (the default) is the engine's own image.
+    image = ctx.get("server_image") or model.get("image")
     if not isinstance(image, str) or not IMAGE_REF.match(image):
         errors.append(
             f"server_image = {inputs.shown(image)}: not a docker image reference. Fix: e.g. "
-            "lmsysorg/sglang:glm-5.3-flash-arm64."
+            f"{model.get('image')}, or leave it empty for that one, {_label(model)}'s."
         )
     digest = ctx.get("server_image_digest")
     if digest and (not isinstance(digest, str) or not DIGEST.match(digest)):
@@ -686,7 +764,8 @@ def _check_scalars(ctx, errors):
             f"server_image_digest = {inputs.shown(digest)}: a pin is 'sha256:' and 64 lowercase hex "
             "digits. Fix: copy the RepoDigest's sha256 part, or leave it empty."
         )
-    _check_image_tag(image, digest, errors)
+    _check_image_tag(model, image, digest, errors)
+    _check_image_engine(ctx, model, image, errors)
 
     unit = ctx.get("spark_unit_name")
     if not isinstance(unit, str) or not UNIT_NAME.match(unit):
@@ -732,8 +811,8 @@ def _check_scalars(ctx, errors):
     if key is not None and (not isinstance(key, str) or any(c in key for c in "\r\n\x00")):
         # The value itself is a secret: never quote it.
         errors.append(
-            "server_api_key = <redacted>: must be a single-line string (it becomes one line of "
-            "the env file). Fix: remove line breaks from the key."
+            "server_api_key = <redacted>: must be a single-line string (the ranks read their key file whole, and "
+            "clients send it in one header line). Fix: remove line breaks from the key."
         )
 
     return port, dist
@@ -764,6 +843,40 @@ def _check_switches(ctx, errors):
                           "Fix: use a YAML boolean, e.g. -e " + var + "=true.")
 
 
+def _check_engine(ctx, model, errors):
+    """The site's engine: one the collection has a model for, and deployed only where this version deploys it.
+    False when the engine is unknown (nothing else can be judged then)."""
+    engine = ctx.get(ENGINE, model.get("engine"))
+    engines = [str(e) for e in ctx.get("spark_engines") or [model.get("engine")]]
+    if engine not in engines:
+        errors.append(
+            f"{ENGINE} = {inputs.shown(engine)}: not an engine this collection has a flag model for, so no launch "
+            f"arguments, image or unit could be chosen. Fix: set {ENGINE} to one of {', '.join(engines)} "
+            "(sglang deploys; vllm renders its units only, in this version)."
+        )
+        return False
+    # The inventory's own settings (a role default is in no host's hostvars): one group, one engine.
+    others = {node: str(e) for node, e in (ctx.get("rank_engines") or {}).items() if e is not None and str(e) != engine}
+    if others:
+        errors.append(
+            f"{ENGINE} = {engine!r} on {ctx.get('inventory_hostname')}, but "
+            f"{', '.join(f'{e!r} on {node}' for node, e in sorted(others.items()))}: the ranks of one group run one "
+            f"engine, and each would start another one's command line. Fix: set {ENGINE} once for the whole group "
+            "(the inventory's group_vars of the group, or -e)."
+        )
+    render_only = _as_bool(ctx.get("server_render_only"))
+    if render_only is None:
+        errors.append(f"server_render_only = {inputs.shown(ctx.get('server_render_only'))}: must be true or false. "
+                      "Fix: leave it to playbooks/render.yml, which sets it.")
+    elif not model.get("deploys", True) and not render_only:
+        errors.append(
+            f"{ENGINE} = {engine!r}: this version renders {_label(model)}'s units (playbooks/render.yml) but does not "
+            f"deploy them yet: {' '.join(str(model.get('render_only', '')).split())}. Fix: {ENGINE}: sglang to deploy, "
+            f"or render with scripts/deploy playbooks/render.yml -i <inventory> -e {ENGINE}={engine}."
+        )
+    return True
+
+
 def server_plan(ctx, model, hostvars=None):
     """Validate everything and compute the launch arguments for one host.
 
@@ -771,8 +884,13 @@ def server_plan(ctx, model, hostvars=None):
     ``fabric_ips`` mapping into ``ctx``.
 
     Returns a dict with ``errors`` (list of messages, empty when valid) and,
-    when valid, ``args`` (sglang.launch_server arguments in launch order),
-    ``rank``, ``nodes``, ``head``, ``container_model_dir``.
+    when valid, ``args`` (the engine's arguments in launch order: a positional
+    value first, then the flags), ``rank``, ``nodes``, ``head``,
+    ``container_model_dir``, ``headless`` (the rank serves no HTTP).
+
+    ``model`` is the site's engine's flag model (spark_flag_model); an engine
+    without one is refused before anything else is judged by a model that is
+    not its own.
     """
     errors = []
     ctx = dict(ctx)
@@ -780,6 +898,9 @@ def server_plan(ctx, model, hostvars=None):
         names = list(ctx.get("head_group") or []) + list(ctx.get("worker_group") or [])
         ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in names if n in hostvars}
         ctx["ansible_hosts"] = {n: hostvars[n].get("ansible_host", n) for n in names if n in hostvars}
+        ctx["rank_engines"] = {n: hostvars[n].get(ENGINE) for n in names if n in hostvars}
+    if not _check_engine(ctx, model, errors):
+        return {"errors": errors, "args": [], "rank": None, "nodes": [], "head": None}
     ack = ctx.get(ACK)
     if not isinstance(ack, bool):
         errors.append(f"{ACK} = {inputs.shown(ack)}: must be true or false. Fix: use a YAML boolean.")
@@ -788,10 +909,10 @@ def server_plan(ctx, model, hostvars=None):
     _check_combinations(model, effective, errors)
     model_dir = _check_model_dir(ctx.get("server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
-    port, dist = _check_scalars(ctx, errors)
+    port, dist = _check_scalars(ctx, model, errors)
     _check_shape(ctx, model, nodes, errors)
     _check_supervision(ctx, nodes, errors)
-    backend = _check_access(ctx, port, dist, errors)
+    backend = _check_access(ctx, model, port, dist, errors)
     _check_switches(ctx, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
@@ -801,18 +922,27 @@ def server_plan(ctx, model, hostvars=None):
     gpus = inputs.whole_number(ctx["server_gpus_per_node"])
     container_dir = posixpath.join(ctx.get("container_model_root", "/models"), posixpath.basename(model_dir))
     rank = nodes.index(ctx["inventory_hostname"])
+    tp_size = len(nodes) * gpus
+    head_ip = ctx["fabric_ips"][head]
+    # By the names the engines give them (DERIVED): one computation, whichever model asks.
     derived = {
         "model-path": container_dir,
-        "tp-size": len(nodes) * gpus,
+        "model": container_dir,
+        "tp-size": tp_size,
+        "tensor-parallel-size": tp_size,
         "nnodes": len(nodes),
         "node-rank": rank,
-        "dist-init-addr": f"{ctx['fabric_ips'][head]}:{dist}",
-        # Behind nginx (TLS) SGLang listens on the head's loopback only.
+        "dist-init-addr": f"{head_ip}:{dist}",
+        "master-addr": head_ip,
+        "master-port": dist,
+        # vLLM's ranks after the head run its engine without the API server.
+        "headless": rank > 0,
+        # Behind nginx (TLS) the engine listens on the head's loopback only.
         "host": "127.0.0.1" if backend else str(ctx["server_host"]),
         "port": backend or port,
     }
 
-    args = []
+    positional, args = [], []
 
     def emit(name, value):
         if value is None or value is False:
@@ -823,9 +953,16 @@ def server_plan(ctx, model, hostvars=None):
 
     for spec in model["flags"]:
         name = spec["name"]
-        emit(name, derived[name] if spec["kind"] == "derived" else effective.get(name))
+        if spec.get("head_only") and rank > 0:
+            continue
+        value = derived[name] if spec["kind"] == "derived" else effective.get(name)
+        if spec.get("positional"):
+            positional.append(str(value))
+            continue
+        emit(name, value)
     for name in sorted(extras):
         emit(name, extras[name])
+    args = positional + args
 
     # One unit line per flag; built from `args`, never separately.
     arg_lines = []
@@ -841,8 +978,9 @@ def server_plan(ctx, model, hostvars=None):
         rank=rank,
         container_model_dir=container_dir,
         model_dir=model_dir,
-        tp_size=derived["tp-size"],
+        tp_size=tp_size,
         dist_init_addr=derived["dist-init-addr"],
+        headless=any(spec["name"] == "headless" for spec in model["flags"]) and rank > 0,
     )
     return plan
 

@@ -214,6 +214,103 @@ def test_serving_without_a_key_needs_allow_unauthenticated(off_switches):
     assert "spark-llm.key" not in unit and "/run/spark-llm/api-key" not in unit
 
 
+# vLLM: this version renders its units (and refuses to deploy them). ONE render of the example site with the engine
+# switched, read by the tests of its files; ONE refusal with several bad vLLM settings at once.
+VLLM_IMAGE = "vllm/vllm-openai:glm51-cu130"
+
+
+@pytest.fixture(scope="module")
+def vllm_rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm") / "rendered"
+    return out, render(out, {"spark_engine": "vllm"})
+
+
+@pytest.mark.parametrize("host", sorted(NODES))
+def test_vllm_renders_its_units_for_both_nodes_without_contacting_them(vllm_rendered, host):
+    out, result = vllm_rendered
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    assert result.task_events("runner_on_unreachable") == []
+    assert sorted(p.name for p in (out / host).iterdir()) == ["server-args.json", "spark-llm.env", "spark-llm.service"]
+    rank, fabric_ip = NODES[host]
+    args = json.loads((out / host / "server-args.json").read_text())
+    # vllm serve <dir>: the container path of the checkpoint first, without a flag name.
+    assert args[0] == "/models/glm53"
+    serving = ["--trust-remote-code", "--tensor-parallel-size", "2", "--reasoning-parser", "deepseek_r1",
+               "--tool-call-parser", "glm47", "--enable-auto-tool-choice", "--chat-template-content-format", "string",
+               "--gpu-memory-utilization", "0.84", "--max-model-len", "65536", "--max-num-seqs", "2", "--enforce-eager"]
+    topology = ["--nnodes", "2", "--node-rank", rank, "--master-addr", "192.168.100.10", "--master-port", "20000"]
+    # The head serves HTTP; the worker runs headless.
+    http = ["--host", "0.0.0.0", "--port", "30000"] if rank == "0" else ["--headless"]  # noqa: S104 - rendered text
+    assert args == ["/models/glm53", *serving, *topology, *http]
+
+    unit = (out / host / "spark-llm.service").read_text()
+    assert launch_args(unit) == args
+    words = exec_words(unit)
+    image = words.index(VLLM_IMAGE)
+    # The image's own entrypoint (vllm serve) is replaced by the keyed launcher: the key never reaches an argv.
+    assert words[image - 2:image] == ["--entrypoint", "python3"] and words[image + 1] == "-c"
+    assert "os.environ['VLLM_API_KEY']=open(sys.argv[1])" in words[image + 2] and "'vllm','serve'" in words[image + 2]
+    # ... from the rank's key file, mounted read-only: its container path is the launcher's own argument.
+    assert words[image + 3] == "/run/spark-llm/api-key"
+    assert "--api-key" not in words and "sglang" not in unit.lower()
+    for option in ("--gpus all", "--network host", "--ipc host", "--shm-size 32g", "--ulimit memlock=-1",
+                   "--cap-add IPC_LOCK", "--device /dev/infiniband", "--volume /opt/models/glm53:/models/glm53:ro",
+                   "--volume /etc/spark-llm/spark-llm.key:/run/spark-llm/api-key:ro",
+                   "--env-file /etc/spark-llm/spark-llm.env"):
+        assert option in " ".join(words[:image]), option
+    description = re.search(r"^Description=(.*)$", unit, re.M).group(1)
+    assert description == f"vLLM GLM-5.3-Flash-NVFP4 rank {rank} of 2 (TP=2)" + ("" if rank == "0" else ", headless")
+    assert re.search(r"^Documentation=https://docs.vllm.ai/$", unit, re.M)
+
+    path = out / host / "spark-llm.env"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    env = dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
+    assert env == {
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "TP_SOCKET_IFNAME": "enp1s0f1np1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "VLLM_HOST_IP": fabric_ip,
+        "NCCL_CUMEM_ENABLE": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+# Several bad vLLM settings at once: each fragment list must be in the refusal.
+VLLM_REFUSALS = {
+    "reasoning-parser": ["server_flag_overrides['reasoning-parser'] = 'glm45'", "silently drops the whole reply",
+                         "Fix: set 'reasoning-parser' to 'deepseek_r1'"],
+    "enable-auto-tool-choice": ["server_flag_overrides['enable-auto-tool-choice'] = false", "HTTP 400",
+                                "Fix: remove 'enable-auto-tool-choice'"],
+    "distributed-executor-backend": ["server_flag_overrides['distributed-executor-backend'] = 'ray'", "ship no Ray",
+                                     "Fix: remove 'distributed-executor-backend'"],
+    "gpu-memory-utilization": ["server_flag_overrides['gpu-memory-utilization'] = 0.9", "between 0.5 and 0.88"],
+    "tensor-parallel-size": ["server_flag_overrides['tensor-parallel-size'] = 4", "topology flag"],
+    "max-num-seq": ["server_flag_overrides['max-num-seq'] = 1", "not a vllm serve flag",
+                    "did you mean 'max-num-seqs'"],
+    "server_image": ["server_image = 'lmsysorg/sglang:glm-5.3-flash-arm64'", "names sglang",
+                     f"Fix: leave server_image empty for vLLM's {VLLM_IMAGE}"],
+}
+
+
+def test_vllm_guard_rails_refuse_at_validation_before_any_change(tmp_path):
+    out = tmp_path / "r"
+    result = render(out, {
+        "spark_engine": "vllm",
+        "server_image": "lmsysorg/sglang:glm-5.3-flash-arm64",
+        "server_flag_overrides": {"reasoning-parser": "glm45", "enable-auto-tool-choice": False,
+                                  "distributed-executor-backend": "ray", "gpu-memory-utilization": 0.9,
+                                  "tensor-parallel-size": 4, "max-num-seq": 1},
+    })
+    assert_refused_before_any_change(result, out, "Refusing to deploy vLLM on", *(
+        fragment for fragments in VLLM_REFUSALS.values() for fragment in fragments))
+    assert {d["host"] for d in result.failed} == set(NODES)
+    for host in NODES:
+        own = "\n".join(str(d["res"].get("msg", "")) for d in result.failed if d["host"] == host)
+        assert own.count("\n- ") == len(VLLM_REFUSALS), own
+
+
 def test_second_render_changes_nothing(rendered):
     _, first, second = rendered
     assert first.changed, "the first render must write files"

@@ -1,8 +1,7 @@
 """What the tests read from the roles' own files, each from the one place that knows where it lives.
 
-The flag model is moving from the server role's vars (`__server_flag_model`) to the site
-role's (`spark_flag_model`): `flag_model()` reads the new place when it holds the model and the old
-one until then, so no test names either file.
+The flag models live in the site role's vars (`spark_flag_models`, one per engine; `spark_flag_model`
+selects the site's engine's). `flag_model()` reads one engine's, so no test names the file.
 """
 
 from __future__ import annotations
@@ -20,11 +19,8 @@ from tests.lib.role_module import collection_importable
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 
-# Where the SGLang flag model lives, preferred first.
-FLAG_MODEL_PLACES = (
-    (ROLES / "spark" / "vars" / "main.yml", "spark_flag_model"),
-    (ROLES / "server" / "vars" / "main.yml", "__server_flag_model"),
-)
+# Where the engines' flag models live.
+FLAG_MODELS_PLACE = (ROLES / "spark" / "vars" / "main.yml", "spark_flag_models")
 
 
 @functools.cache
@@ -44,19 +40,24 @@ def role_defaults(role: str) -> dict:
     return _yaml(ROLES / role / "defaults" / "main.yml")
 
 
-def flag_model() -> dict:
-    """The SGLang flag model, wherever the roles keep it today."""
-    for path, key in FLAG_MODEL_PLACES:
-        model = _yaml(path).get(key)
-        if model:
-            return model
-    places = ", ".join(f"{key} in {path.relative_to(REPO)}" for path, key in FLAG_MODEL_PLACES)
-    raise LookupError(f"no SGLang flag model found ({places})")
+def flag_models() -> dict:
+    """Every engine's flag model, by engine."""
+    path, key = FLAG_MODELS_PLACE
+    models = _yaml(path).get(key)
+    if not models:
+        raise LookupError(f"no flag models found ({key} in {path.relative_to(REPO)})")
+    return models
 
 
-def keyed_launcher() -> str:
-    """The `python3 -c` program the unit runs instead of `-m sglang.launch_server` when an API key is set."""
-    return role_vars("server")["__server_keyed_launcher"]
+def flag_model(engine: str = "sglang") -> dict:
+    """One engine's flag model (SGLang's unless asked otherwise: the engine every playbook deploys)."""
+    return flag_models()[engine]
+
+
+def keyed_launcher(engine: str = "sglang") -> str:
+    """The `python3 -c` program the unit runs when an API key is set: instead of `-m sglang.launch_server`,
+    or (engine vllm) of `vllm serve`."""
+    return role_vars("server")["__server_vllm_keyed_launcher" if engine == "vllm" else "__server_keyed_launcher"]
 
 
 @functools.cache

@@ -6,7 +6,7 @@ test module imports the other.
 
 from __future__ import annotations
 
-from tests.lib.roles import filter_plugin, flag_model, role_defaults, role_vars
+from tests.lib.roles import filter_plugin, flag_model, flag_models, role_defaults, role_vars
 
 FILTER = filter_plugin("server")
 MODEL = flag_model()
@@ -24,6 +24,7 @@ def ctx(host="spark-0", **changes):
         "fabric_ips": {"spark-0": "192.168.100.10", "spark-1": "192.168.100.11"},
         "container_model_root": VARS["__server_container_model_root"],
         "server_fabric_interface": "enp1s0f1np1",
+        "spark_engines": list(flag_models()),
     }
     for key, value in DEFAULTS.items():
         if isinstance(value, str) and "{{" in value:

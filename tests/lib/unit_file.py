@@ -43,13 +43,22 @@ def exec_lines(unit_text: str, keys=("ExecStartPre", "ExecStart", "ExecStop")) -
 
 
 def launch_args(words_or_unit: list[str] | str) -> list[str]:
-    """The sglang.launch_server arguments of the server's ExecStart (or of a command's words).
+    """The engine's arguments of the server's ExecStart (or of a command's words).
 
-    The unit runs `python3 -m sglang.launch_server ARGS`, or with an API key
-    `python3 -c "<launcher>" KEY_FILE ARGS` (the key file's path in the container first): the arguments follow
-    the module or the launcher's own argument.
+    SGLang's unit runs `python3 -m sglang.launch_server ARGS`, or with an API key
+    `python3 -c "<launcher>" KEY_FILE ARGS`; vLLM's replaces the image's entrypoint:
+    `--entrypoint vllm IMAGE serve ARGS`, or `--entrypoint python3 IMAGE -c "<launcher>" KEY_FILE ARGS` (a
+    launcher's own argument is the key file's path in the container). The arguments follow it.
     """
     words = exec_words(words_or_unit) if isinstance(words_or_unit, str) else words_or_unit
+    if "--entrypoint" in words:
+        at = words.index("--entrypoint")
+        entrypoint, rest = words[at + 1], words[at + 3:]
+        if entrypoint == "vllm" and rest[:1] == ["serve"]:
+            return rest[1:]
+        if entrypoint.rsplit("/", 1)[-1].startswith("python") and rest[:1] == ["-c"]:
+            return rest[3:]
+        raise ValueError(f"no vllm serve or python3 -c launcher after --entrypoint in {words}")
     for i, word in enumerate(words[:-2]):
         if word.rsplit("/", 1)[-1].startswith("python") and words[i + 1] in ("-m", "-c"):
             if words[i + 1] == "-m" and words[i + 2] != "sglang.launch_server":

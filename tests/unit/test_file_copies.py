@@ -48,8 +48,8 @@ def test_a_copy_equals_the_deep_copy_with_the_same_tags_and_shares_nothing(plugi
     assert first == deep == kept
     assert tags_of(first) == tags_of(deep)
     assert any(tags for tags in tags_of(first)), "the site role's vars carry their origin"
-    assert first is not kept and first["spark_flag_model"] is not kept["spark_flag_model"]
-    first["spark_flag_model"].clear()
+    assert first is not kept and first["spark_flag_models"] is not kept["spark_flag_models"]
+    first["spark_flag_models"].clear()
     first["spark_unit_name_added_by_a_caller"] = 1
     assert second == deep and kept == deep, "a caller's change reaches neither the kept data nor another copy"
     assert plugin.load_from_file(loader, str(SITE_VARS)) == deep
