@@ -96,10 +96,11 @@ def events(node, since: float) -> list[dict]:
 def assert_back_on_the_last_good_configuration(site, result, before):
     assert result.rc != 0
     assert ROLLED_BACK in result.failure_messages(), result.failure_messages() or result.stdout[-3000:]
-    # The unit files (and env file, 0600, and server-args.json) are the previous ones, byte for byte.
+    # The unit files (and env file, 0600, and server-args.json) are the previous ones, byte for byte; the key file
+    # stays (a rollback never restores an older key).
     assert config(site.cluster) == before
     assert sh(site.cluster.nodes[0], f"ls /etc/spark-llm; stat -c %a {LAST_GOOD}/spark-llm.env").split() == [
-        "last-good", "server-args.json", "spark-llm.env", "supervisor.json", "600"]
+        "last-good", "server-args.json", "spark-llm.env", "spark-llm.key", "supervisor.json", "600"]
     kept = last_good(site.cluster)
     assert kept == site.kept
     assert [running_image(n) for n in site.cluster.nodes] == [kept[n.name]["image_id"] for n in site.cluster.nodes]

@@ -87,7 +87,6 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
     assert result.rc == 0, result.stdout
 
     procs = {}
-    env_files = {}
     try:
         # Workers first, then the head: the order a deployment restarts them in.
         for host in ("spark-1", "spark-0"):
@@ -100,10 +99,16 @@ def test_rendered_units_start_a_tp2_group_through_the_standins(tmp_path, node_ro
             start = lines["ExecStart"]
             assert start[0] == "/usr/bin/docker"
             env_file = tmp_path / f"{host}.env"
-            # The real env file holds the key; the rendered one is redacted.
-            env_file.write_text((out / host / "spark-llm.env").read_text().replace("<redacted>", api_key))
-            env_files[host] = env_file
+            env_file.write_text((out / host / "spark-llm.env").read_text())
             start[start.index("--env-file") + 1] = str(env_file)
+            # The key file the unit mounts, as the deployment installs it (the render holds no key).
+            mount = "/etc/spark-llm/spark-llm.key:/run/spark-llm/api-key:ro"
+            assert (mount in start) == bool(api_key)
+            if api_key:
+                key_file = tmp_path / f"{host}.key"
+                key_file.write_text(api_key)
+                key_file.chmod(0o600)
+                start[start.index(mount)] = f"{key_file}:/run/spark-llm/api-key:ro"
             procs[host] = subprocess.Popen([sys.executable, str(DOCKER), *start[1:]], env=env,
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
