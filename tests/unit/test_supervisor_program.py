@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.role_module import collection_importable
+
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = REPO / "roles" / "supervisor" / "files" / "spark_llm_supervisor.py"
 # The nodes run the program with their own python3 (>= 3.11); the suite's venv may be newer.
@@ -1129,6 +1131,7 @@ def test_bad_settings_are_refused(tmp_path, change, message):
 
 
 def load_filter():
+    collection_importable()
     path = REPO / "plugins" / "filter" / "supervisor.py"
     spec = importlib.util.spec_from_file_location("supervisor_filter_under_test", path)
     module = importlib.util.module_from_spec(spec)
