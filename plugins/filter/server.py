@@ -1088,6 +1088,13 @@ def _arg(args, flag):
     return args[args.index(flag) + 1] if flag in args and args.index(flag) + 1 < len(args) else ""
 
 
+def _served_model(args):
+    """The model a launch argument list serves: SGLang's --model-path, or vLLM's positional first argument (a
+    kept configuration may be another engine's than the site's now, after a switch)."""
+    args = [str(a) for a in args or []]
+    return _arg(args, "--model-path") or (args[0] if args and not args[0].startswith("-") else "")
+
+
 def server_rollback_plan(results, enabled, head):
     """Whether the TP group goes back to its last good configuration, why not, and what it waits for then.
 
@@ -1130,7 +1137,7 @@ def server_rollback_plan(results, enabled, head):
     host, port = _arg(args, "--host"), _arg(args, "--port")
     if not host or host in ("0.0.0.0", "::"):  # noqa: S104 - a bind address read, not bound
         host = "127.0.0.1"
-    out.update(do=True, image=reads[kept[0]]["last_good"], model=_arg(args, "--model-path"),
+    out.update(do=True, image=reads[kept[0]]["last_good"], model=_served_model(args),
                probe_url=f"http://{'[' + host + ']' if ':' in host else host}:{port or 30000}/v1/models")
     return out
 
@@ -1140,18 +1147,19 @@ JOURNAL_PREFIX = re.compile(r"^\S+ \S+ (\S+\[[0-9]+\]: )?")
 SHOWN_LINES = 4
 
 
-def server_failure_cause(final, nodes, failure, error_lines, head):
+def server_failure_cause(final, nodes, failure, error_lines, head, label="SGLang"):  # noqa: PLR0917 - a Jinja filter's arguments
     """What a failed start is failed with: the one pass's summary of every rank, then the error lines of the
     ranks that went down (the head's when every rank stayed up: a timeout), a rank whose lines repeat an
     earlier rank's named as the same.
 
     ``final`` maps each rank to what readiness_failed.yml read of it ({active, ended, summary, journal}),
-    ``nodes`` is the rank order, ``error_lines`` a regular expression of the journal lines that name a cause.
+    ``nodes`` is the rank order, ``error_lines`` a regular expression of the journal lines that name a cause,
+    ``label`` the engine's name.
     """
     final = final or {}
     down = sorted((h for h in nodes if h in final and not final[h].get("active")),
                   key=lambda h: float(final[h].get("ended") or 0))
-    text = (f"SGLang did not come up ({' '.join(str(failure).split())}). Every rank as one pass read it before they "
+    text = (f"{label} did not come up ({' '.join(str(failure).split())}). Every rank as one pass read it before they "
             "were stopped: " + "; ".join(f"{h} {final[h].get('summary', '?')}" for h in nodes if h in final))
     if down:
         text += f"; first to end: {down[0]}"

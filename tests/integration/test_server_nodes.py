@@ -36,7 +36,7 @@ IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 IMAGES_JSON = "/var/lib/spark-sim/docker/images.json"
 
 PROBE = "Probe the units, and the head's /v1/models for up to a round"
-READ = "Pull the SGLang image and read what this rank runs"
+READ = "Pull the engine's image and read what this rank runs"
 INSTALL_STEP = "Install the unit and its environment where the probe found them different"
 RESTART_STEP = "Restart all ranks together when anything changed"
 READINESS_STEP = "Wait for the head, stop every rank on failure"

@@ -219,6 +219,11 @@ def test_the_group_goes_back_waiting_for_what_the_restored_head_serves():
     assert plan["do"] is True and plan["differences"] == {"spark-0": ["unit", "image"]}
     assert plan["model"] == "/models/glm-old" and plan["probe_url"] == "http://127.0.0.1:30001/v1/models"
     assert plan["image"]["image_ref"] == OLD
+    # A switch of engine that failed goes back to the other engine's kept arguments: vLLM's model is positional.
+    vllm = ["/models/glm-v", "--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port", "30002"]  # noqa: S104
+    plan = FILTER.server_rollback_plan(
+        [read("spark-0", differs=True, differences=["unit"], args=vllm), read("spark-1")], "true", "spark-0")
+    assert plan["model"] == "/models/glm-v" and plan["probe_url"] == "http://127.0.0.1:30002/v1/models"
 
 
 def test_the_cause_quotes_each_failed_ranks_error_lines_once():
@@ -230,6 +235,8 @@ def test_the_cause_quotes_each_failed_ranks_error_lines_once():
         "spark-1": {"active": False, "ended": 1.0, "summary": "failed/failed (result exit-code, exit 1)", "journal": [
             "2026-09-01T00:00:01+0000 spark-1 docker[12]: RuntimeError: Hybrid state cache is too small."]},
     }
+    assert FILTER.server_failure_cause(final, ["spark-0", "spark-1"], "x", "Error", "spark-0", "vLLM").startswith(
+        "vLLM did not come up (x).")
     text = FILTER.server_failure_cause(final, ["spark-0", "spark-1"], "a rank's unit is no longer active",
                                               "Error|Exception", "spark-0")
     assert text.startswith("SGLang did not come up (a rank's unit is no longer active). Every rank as one pass read it before "
