@@ -33,14 +33,40 @@ TOOL = {
 TOOL_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
 
 OVERRIDES = "server_flag_overrides"
-REASONING_FIX = (
-    f"launch SGLang with --reasoning-parser glm45 (the role's default): remove 'reasoning-parser' from {OVERRIDES}, "
-    "re-run playbooks/server.yml (glm45 for reasoning, glm47 for tool calls: the spellings differ on purpose)"
-)
-TOOL_FIX = (
-    f"launch SGLang with --tool-call-parser glm47 (the role's default): remove 'tool-call-parser' from {OVERRIDES} "
-    "or set it to glm47, re-run playbooks/server.yml"
-)
+# The parsers are the engines' opposite rules for this model (the seed): what fixes one engine breaks the other.
+REASONING_FIXES = {
+    "sglang": (
+        f"launch SGLang with --reasoning-parser glm45 (the role's default): remove 'reasoning-parser' from {OVERRIDES}, "
+        "re-run playbooks/server.yml (glm45 for reasoning, glm47 for tool calls: the spellings differ on purpose)"
+    ),
+    "vllm": (
+        f"launch vLLM with --reasoning-parser deepseek_r1 (the role's default): remove 'reasoning-parser' from "
+        f"{OVERRIDES}, re-run playbooks/server.yml (vLLM's glm45 drops the whole reply for GLM-5.3: the opposite of "
+        "SGLang's rule)"
+    ),
+}
+REASONING_FIX = REASONING_FIXES["sglang"]
+TOOL_FIXES = {
+    "sglang": (
+        f"launch SGLang with --tool-call-parser glm47 (the role's default): remove 'tool-call-parser' from {OVERRIDES} "
+        "or set it to glm47, re-run playbooks/server.yml"
+    ),
+    "vllm": (
+        f"launch vLLM with --tool-call-parser glm47 and --enable-auto-tool-choice (the role's defaults): remove both "
+        f"from {OVERRIDES}, re-run playbooks/server.yml"
+    ),
+}
+TOOL_FIX = TOOL_FIXES["sglang"]
+LABELS = {"sglang": "SGLang", "vllm": "vLLM"}
+# vLLM's answer to a tool request it was not launched to parse (its own words, without the quotes around "auto",
+# which the JSON body escapes).
+AUTO_TOOL_CHOICE = "tool choice requires --enable-auto-tool-choice"
+# Empty content and no reasoning in a finished answer: with vLLM's glm45 parser the whole reply is dropped silently.
+DROPPED = {
+    "sglang": "the whole reply came back empty (content and reasoning_content), though the request finished",
+    "vllm": "the whole reply was dropped (empty content, no reasoning_content, HTTP 200): the fingerprint of vLLM's "
+            "glm45 reasoning parser with GLM-5.3, which the seed rules out for vLLM",
+}
 CORRUPTION_FIX = (
     "run playbooks/doctor.yml; check that every rank runs the same image ID (server_image_digest pins it), "
     "deep-verify the checkpoint (checkpoint_deep_verify: true with playbooks/checkpoint.yml; "
@@ -56,7 +82,7 @@ def check(name, ok, detail, diagnosis="", remedy="", *, warn=False):
             "warn": bool(warn)}
 
 
-def _http_problem(name, exchange):
+def _http_problem(name, exchange, engine="sglang"):
     """A check result for a request that did not return a usable JSON body, else None."""
     if exchange is None:
         return check(name, False, "not requested", "an earlier check failed before this request was made")
@@ -78,6 +104,14 @@ def _http_problem(name, exchange):
             "send the key the server was deployed with: server_api_key, else the generated one "
             "(<inventory>/.credentials/spark_llm_api_key; verify_api_key overrides both)",
         )
+    if status == 400 and AUTO_TOOL_CHOICE in str(exchange.get("body_text", "")):
+        return check(
+            name,
+            False,
+            f"HTTP 400: {str(exchange.get('body_text', ''))[:200]}",
+            "vLLM was launched without --enable-auto-tool-choice, so it refuses every request that offers tools",
+            TOOL_FIXES["vllm"],
+        )
     if status != 200:
         return check(
             name,
@@ -91,7 +125,7 @@ def _http_problem(name, exchange):
             name,
             False,
             f"body is not a JSON object: {str(exchange.get('body_text', ''))[:200]!r}",
-            "something other than SGLang's OpenAI-compatible API answers on this port",
+            f"something other than {LABELS.get(engine, engine)}'s OpenAI-compatible API answers on this port",
             "check verify_endpoint and server_port",
         )
     return None
@@ -133,8 +167,9 @@ def _message(exchange):
     return (message if isinstance(message, dict) else None), choice.get("finish_reason")
 
 
-def judge_reasoning(exchange):
-    problem = _http_problem("reasoning", exchange)
+def judge_reasoning(exchange, engine="sglang"):
+    problem = _http_problem("reasoning", exchange, engine)
+    fix = REASONING_FIXES.get(engine, REASONING_FIX)
     if problem:
         return problem
     message, finish = _message(exchange)
@@ -156,18 +191,21 @@ def judge_reasoning(exchange):
             f"content {short!r}, reasoning_content {'empty' if not reasoning.strip() else 'set'}",
             "thinking leaks into content (</think> or the reasoning inside content, reasoning_content "
             "null): the reasoning parser is not active",
-            REASONING_FIX,
+            fix,
         )
     if not reasoning.strip():
         if finish == "length":
             return check("reasoning", False, "reasoning_content empty, finish_reason length",
                          "the answer was cut off by max_tokens", "raise verify_max_tokens")
+        if not content.strip():
+            return check("reasoning", False, f"content empty, reasoning_content empty, finish_reason {finish}",
+                         DROPPED.get(engine, DROPPED["sglang"]), fix)
         return check(
             "reasoning",
             False,
             f"content {short!r}, reasoning_content empty",
             "no reasoning_content: the reasoning parser is not active",
-            REASONING_FIX,
+            fix,
         )
     if SEED_ANSWER not in content:
         if not content.strip() and finish == "length":
@@ -184,8 +222,9 @@ def judge_reasoning(exchange):
     return check("reasoning", True, f"content {short!r}, reasoning_content {len(reasoning)} chars")
 
 
-def judge_tool_call(exchange, tool_name=TOOL["function"]["name"]):
-    problem = _http_problem("tool_call", exchange)
+def judge_tool_call(exchange, tool_name=TOOL["function"]["name"], engine="sglang"):
+    problem = _http_problem("tool_call", exchange, engine)
+    fix = TOOL_FIXES.get(engine, TOOL_FIX)
     if problem:
         return problem
     message, finish = _message(exchange)
@@ -202,7 +241,7 @@ def judge_tool_call(exchange, tool_name=TOOL["function"]["name"]):
                 f"tool_calls {json.dumps(calls)}, content empty, finish_reason {finish}",
                 "empty content plus null tool_calls is the fingerprint of --tool-call-parser glm "
                 "(tool calls fail silently)",
-                TOOL_FIX,
+                fix,
             )
         if RAW_TOOL_MARKUP.search(str(content)):
             return check(
@@ -210,7 +249,7 @@ def judge_tool_call(exchange, tool_name=TOOL["function"]["name"]):
                 False,
                 f"tool_calls {json.dumps(calls)}, tool-call markup in content",
                 "the tool call came back as text: no matching tool-call parser is active",
-                TOOL_FIX,
+                fix,
             )
         return check(
             "tool_call",
@@ -218,16 +257,16 @@ def judge_tool_call(exchange, tool_name=TOOL["function"]["name"]):
             f"tool_calls {json.dumps(calls)}, content {str(content)[:60]!r}",
             "the model answered in text instead of calling the tool; with GLM-5.3 this points at the "
             "tool-call parser",
-            TOOL_FIX,
+            fix,
         )
     if not isinstance(calls, list):
         return check("tool_call", False, f"tool_calls is {type(calls).__name__}, not a list",
-                     "not an OpenAI chat completion", TOOL_FIX)
+                     "not an OpenAI chat completion", fix)
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             return check("tool_call", False, "a tool call without a function object",
-                         "the tool-call parser produced a malformed call", TOOL_FIX)
+                         "the tool-call parser produced a malformed call", fix)
         arguments = function.get("arguments")
         try:
             parsed = json.loads(arguments) if isinstance(arguments, str) else None
@@ -239,7 +278,7 @@ def judge_tool_call(exchange, tool_name=TOOL["function"]["name"]):
                 False,
                 f"{function.get('name')} arguments {str(arguments)[:80]!r} are not a JSON object",
                 "the tool call's arguments are not valid JSON: a parser mismatch or corrupted output",
-                TOOL_FIX + "; if the parser is glm47 already: " + CORRUPTION_FIX,
+                fix + "; if the parser is glm47 already: " + CORRUPTION_FIX,
             )
         if function.get("name") != tool_name:
             return check("tool_call", False, f"called {function.get('name')!r}, offered only {tool_name!r}",
@@ -378,17 +417,17 @@ def judge_tls(exchanges, access):
     )
 
 
-def judge_all(exchanges, expected_model, access=None):
+def judge_all(exchanges, expected_model, access=None, engine="sglang"):
     """All checks in table order from the recorded exchanges {models, reasoning, tool_call, ...}.
 
     With ``access`` (what the deployment promises: see judge_auth, plus ``tls`` and ``ca``) the auth row and,
-    with TLS, the tls row follow.
+    with TLS, the tls row follow. ``engine`` (sglang, vllm) chooses the diagnoses and fixes that differ.
     """
     models, dummy = judge_models(exchanges.get("models"), expected_model)
     results = [
         models,
-        judge_reasoning(exchanges.get("reasoning")),
-        judge_tool_call(exchanges.get("tool_call")),
+        judge_reasoning(exchanges.get("reasoning"), engine),
+        judge_tool_call(exchanges.get("tool_call"), engine=engine),
         judge_sanity([exchanges.get(k) for k in ("models", "reasoning", "tool_call")]),
     ]
     if access is not None:

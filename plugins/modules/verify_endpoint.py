@@ -38,6 +38,14 @@ options:
     description: CA file the https endpoint's certificate chain must verify against; empty means the system's store.
     type: str
     default: ""
+  engine:
+    description:
+      - The engine that serves (C(spark_engine)). The parsers that fix a failed row are each engine's own (SGLang's
+        reasoning parser is glm45, vLLM's deepseek_r1), and vLLM's empty reply and its HTTP 400 to a tool request
+        get their own diagnoses.
+    type: str
+    default: sglang
+    choices: [sglang, vllm]
   expected_model:
     description: Served model name, or the basename of the model path SGLang serves.
     type: str
@@ -186,6 +194,7 @@ def main():
             "allow_unauthenticated": {"type": "bool", "default": False},
             "key_file": {"type": "str", "default": ""},
             "ca_path": {"type": "str", "default": ""},
+            "engine": {"type": "str", "default": "sglang", "choices": ["sglang", "vllm"]},
         },
         supports_check_mode=True,
     )
@@ -224,7 +233,8 @@ def main():
         certificate = checked.result() if checked else None
     access = {"keyed": bool(module.params["api_key"]), "allow_unauthenticated": module.params["allow_unauthenticated"],
               "key_file": module.params["key_file"], "tls": tls, "ca": module.params["ca_path"]}
-    verdict = judge_all({**exchanges, "certificate": certificate}, module.params["expected_model"], access)
+    verdict = judge_all({**exchanges, "certificate": certificate}, module.params["expected_model"], access,
+                        module.params["engine"])
     limit = module.params["body_limit"]
     kept = {
         name: {

@@ -200,3 +200,40 @@ def test_requests_are_the_seed_question_and_one_simple_tool():
     t = judge.tool_request("/models/glm53", 512)
     assert len(t["tools"]) == 1
     assert t["tools"][0]["function"]["parameters"]["required"] == ["city"]
+
+
+# vLLM (reference: vllm-and-gateway.md, and the seed's vLLM rule): glm45 answers HTTP 200 with nothing in it.
+VLLM_GLM45_DROP = chat({"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": []})
+VLLM_NO_AUTO_TOOL = {"status": 400, "error": "", "json": None, "body_text": json.dumps({
+    "object": "error", "message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+    "type": "BadRequestError", "param": None, "code": 400})}
+
+
+def test_vllm_s_dropped_reply_is_named_with_vllm_s_parser_as_the_fix():
+    verdict = judge.judge_all({"models": MODELS, "reasoning": VLLM_GLM45_DROP, "tool_call": GOOD_TOOL}, "glm53",
+                              engine="vllm")
+    row = {c["name"]: c for c in verdict["checks"]}["reasoning"]
+    assert row["ok"] is False and row["detail"] == "content empty, reasoning_content empty, finish_reason stop"
+    assert "the whole reply was dropped" in row["diagnosis"] and "vLLM's glm45 reasoning parser" in row["diagnosis"]
+    assert "--reasoning-parser deepseek_r1" in row["remedy"] and "--reasoning-parser glm45" not in row["remedy"]
+    # The same answer from SGLang is no vLLM parser problem: SGLang's own fix, without vLLM's fingerprint.
+    sglang = {c["name"]: c for c in judge.judge_all(
+        {"models": MODELS, "reasoning": VLLM_GLM45_DROP, "tool_call": GOOD_TOOL}, "glm53")["checks"]}["reasoning"]
+    assert "vLLM" not in sglang["diagnosis"] and "--reasoning-parser glm45" in sglang["remedy"]
+
+
+def test_a_missing_reasoning_parser_gets_each_engine_s_own_parser():
+    for engine, parser in (("sglang", "glm45"), ("vllm", "deepseek_r1")):
+        row = judge.judge_reasoning(NO_PARSER, engine)
+        assert row["ok"] is False and f"--reasoning-parser {parser} (the role's default)" in row["remedy"], engine
+
+
+def test_vllm_s_400_to_a_tool_request_names_auto_tool_choice():
+    row = judge.judge_tool_call(VLLM_NO_AUTO_TOOL, engine="vllm")
+    assert row["ok"] is False and row["detail"].startswith("HTTP 400: ")
+    assert "without --enable-auto-tool-choice" in row["diagnosis"]
+    assert "--enable-auto-tool-choice" in row["remedy"] and "remove both" in row["remedy"]
+    # Any other 400 stays a refused request.
+    other = {**VLLM_NO_AUTO_TOOL, "body_text": '{"message": "bad"}'}
+    assert judge.judge_tool_call(other, engine="vllm")["diagnosis"] == "the server refused or failed the request"
+    assert "--enable-auto-tool-choice" in judge.judge_tool_call(GLM_PARSER, engine="vllm")["remedy"]
