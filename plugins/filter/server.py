@@ -18,11 +18,12 @@ import binascii
 import difflib
 import ipaddress
 import json
+import os
 import posixpath
 import re
 from collections.abc import Mapping
 
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import image_build, inputs
 
 # Values end up unquoted in a systemd ExecStart line: whitespace, quotes, `$`,
 # `%` (systemd specifiers), `\` and `;` would change what docker receives.
@@ -843,6 +844,50 @@ def _check_switches(ctx, errors):
                           "Fix: use a YAML boolean, e.g. -e " + var + "=true.")
 
 
+def _check_build(ctx, nodes, errors):
+    """A derived image's build context, as the controller holds it: refused before any change unless every file
+    is the pinned one, the Dockerfile builds on the site's image, and the head can reach the workers to give it."""
+    var, pins_var = "server_image_build_context", "server_image_build_sha256"
+    context, pins = ctx.get(var), ctx.get(pins_var)
+    if context in (None, ""):
+        if pins:
+            errors.append(f"{pins_var} = {inputs.shown(pins)}: pins without a build context. Fix: set {var} to the "
+                          f"directory they pin, or remove {pins_var}.")
+        return
+    if not isinstance(context, str) or not context.startswith("/") or not SAFE_PATH.match(context):
+        errors.append(f"{var} = {inputs.shown(context)}: must be an absolute directory on the controller. Fix: give "
+                      "its absolute path (e.g. /srv/spark/builds/gb10-tile).")
+        return
+    if not os.path.isdir(context):
+        errors.append(f"{var} = {context!r}: no such directory on the controller. Fix: create it with the Dockerfile "
+                      f"and its files, or leave {var} empty to run server_image as pulled.")
+        return
+    if not isinstance(pins, Mapping):
+        errors.append(f"{pins_var} = {inputs.shown(pins)}: must map each file of {var} to its sha256. Fix: e.g. "
+                      f"{{Dockerfile: <sha256sum of it>}}.")
+        return
+    files, odd = image_build.context_files(context)
+    if "Dockerfile" not in files:
+        errors.append(f"{var} = {context!r}: holds no Dockerfile. Fix: put the build's Dockerfile at its top.")
+    else:
+        with open(os.path.join(context, "Dockerfile"), encoding="utf-8", errors="replace") as f:
+            problem = image_build.base_problem(f.read())
+        if problem:
+            errors.append(f"{var} = {context!r}: its Dockerfile does not build on the site's image: {problem}.")
+    problems = image_build.pin_problems(files, odd, pins)
+    if problems:
+        listed = {rel: digest for rel, digest in files.items()}
+        errors.append(
+            f"{pins_var}: the build context {context} is not the pinned one ({'; '.join(problems)}), so nodes could "
+            f"run an image nobody reviewed. Fix: review the context and pin exactly its files: "
+            f"{pins_var}: {json.dumps(listed, sort_keys=True)}.")
+    if nodes and len(nodes) > 1 and _as_bool(ctx.get("peer_ssh")) is False:
+        errors.append(
+            f"{var} = {context!r}: the head gives the derived image to the workers over the fabric's SSH trust, and "
+            "fabric_ssh_trust is false. Fix: set fabric_ssh_trust: true, or push the image to a registry yourself "
+            "and name it in server_image.")
+
+
 def _check_engine(ctx, model, errors):
     """The site's engine: one the collection has a model for, and deployed only where this version deploys it.
     False when the engine is unknown (nothing else can be judged then)."""
@@ -914,6 +959,7 @@ def server_plan(ctx, model, hostvars=None):
     _check_supervision(ctx, nodes, errors)
     backend = _check_access(ctx, model, port, dist, errors)
     _check_switches(ctx, errors)
+    _check_build(ctx, nodes, errors)
 
     plan = {"errors": errors, "args": [], "rank": None, "nodes": nodes or [], "head": head}
     if errors:

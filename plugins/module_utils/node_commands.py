@@ -40,3 +40,24 @@ def start(argv: list[str], **popen: object) -> subprocess.Popen:
     the thread that forks, and a fork beside running threads is unsafe. `popen` goes to subprocess.Popen.
     """
     return subprocess.Popen(argv, preexec_fn=die_with_parent, **popen)  # noqa: S603, PLW1509 - see the docstring
+
+
+def pipe(producer: list[str], consumer: list[str], timeout: float) -> tuple[int, int, str]:
+    """`producer | consumer`, without a shell: (producer's rc, consumer's rc, what either said on stderr, the
+    consumer's stdout when it said nothing there). Both are killed when the pipeline outlives `timeout`
+    (rc -9 for both)."""
+    left = subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # noqa: S603 - fixed argv
+    right = subprocess.Popen(consumer, stdin=left.stdout, stdout=subprocess.PIPE,  # noqa: S603 - fixed argv
+                             stderr=subprocess.PIPE)
+    left.stdout.close()  # the consumer holds the read end: the producer sees EPIPE if it goes away
+    try:
+        out, err = right.communicate(timeout=timeout)
+        left_err = left.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        left.kill()
+        right.kill()
+        left.wait()
+        right.wait()
+        return -9, -9, f"did not finish within {timeout:g} s"
+    said = (left_err or err).decode("utf-8", errors="replace").strip() or out.decode("utf-8", errors="replace").strip()
+    return left.returncode, right.returncode, said

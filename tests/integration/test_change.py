@@ -16,6 +16,7 @@ observed over SSH, the hub through its counters.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.request
@@ -301,6 +302,47 @@ def test_an_upgrade_pulls_everywhere_before_any_rank_stops_and_serves_the_new_im
     assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
     assert again.changed == []
     assert started(site.cluster) == again_before
+    site.kept = last_good(site.cluster)
+
+
+def test_a_derived_image_is_built_once_on_the_head_and_given_to_the_worker_over_the_fabric(site, tmp_path):
+    """A kernel fix on top of the engine's image (the GB10 tile for a drafter's verify shapes): built on the head,
+    loaded on the worker from the head's copy, both before any rank stops; one image ID, no registry."""
+    context = tmp_path / "gb10-verify-tile"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        "ARG SPARK_BASE_IMAGE\nFROM ${SPARK_BASE_IMAGE}\nCOPY verify-tile.patch /opt/spark/verify-tile.patch\n"
+        # What the patch's RUN step would change, told to the stand-in (tests/standins/README.md, docker).
+        "LABEL org.spark-sim.sglang='{\"tilelang_verify_tile\": \"gb10\"}'\n")
+    (context / "verify-tile.patch").write_text("block_I=32 num_stages=1 threads=128\n")
+    pins = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in context.iterdir()}
+    build = {"server_image": V2, "server_image_build_context": str(context), "server_image_build_sha256": pins}
+    head, worker = site.cluster.nodes
+    t0 = time.time()
+    result = site.play("playbooks/upgrade.yml", **build)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    tag = next(iter(result.results("Pull the base image on the head and name the derived image").values()))["tag"]
+    assert tag.startswith("spark-llm/sglang-derived:"), tag
+    seen = {n.name: events(n, t0) for n in site.cluster.nodes}
+    stopped = min(e["timeNano"] for name in seen for e in seen[name]
+                  if e["Type"] == "container" and e["Action"] in ("kill", "stop", "die"))
+    built = [e["timeNano"] for e in seen[head.name] if e["Action"] == "tag" and e["Actor"]["Attributes"]["name"] == tag]
+    loaded = [e["timeNano"] for e in seen[worker.name] if e["Action"] == "load"]
+    assert built and loaded and max(built + loaded) < stopped, seen
+    # Built once, on the head; the worker pulled nothing of it and built nothing.
+    assert not [e for e in seen[worker.name] if e["Action"] == "tag" or (e["Action"] == "pull" and tag in e["Actor"]["ID"])]
+    ids = {image_id(n, tag) for n in site.cluster.nodes}
+    assert len(ids) == 1 and {running_image(n) for n in site.cluster.nodes} == ids
+    assert {k["image_ref"] for k in last_good(site.cluster).values()} == {tag}
+    labels = json.loads(sh(worker, f"docker image inspect --format '{{{{json .Config.Labels}}}}' {tag}"))
+    assert labels["org.spark-sim.sglang"] == '{"tilelang_verify_tile": "gb10"}' and len(labels["org.spark-llm.build"]) == 64
+    assert generate(site.cluster)
+
+    # Nothing new: nothing built, sent or restarted.
+    before = started(site.cluster)
+    again = site.play("playbooks/server.yml", **build)
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    assert again.changed == [] and started(site.cluster) == before
     site.kept = last_good(site.cluster)
 
 
