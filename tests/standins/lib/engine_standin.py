@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.dont_write_bytecode = True
@@ -47,6 +48,26 @@ HUB_LIB = "/usr/local/lib/python3.12/dist-packages"
 REASONING = "17 × 23 = 17 × 20 + 17 × 3 = 340 + 51 = 391"
 ANSWER = "391"
 CORRUPTIONS = ("fffd", "wrong-answer", "bad-tool-args")
+# The knobs every engine's stand-in has (tests/standins/README.md): its start, the GPU it holds, and how it
+# serves (speed and faults, read at each request).
+SERVING_DEFAULTS = {
+    "rendezvous_timeout": None,
+    "load_seconds": 1.0,
+    "output_corruption": [],
+    "hub_reachable": False,
+    "watchdog_seconds": None,
+    "hang": False,
+    "gpu_release_seconds": 0,
+    "resident_gib": None,
+    "token_seconds": 0.0,
+    "ttft_seconds": None,
+    "prefill_tokens_per_second": 0,
+    "concurrency_slowdown": 0.0,
+    "error_every": 0,
+    "error_status": 503,
+    "cut_every": 0,
+    "recall": False,
+}
 
 
 class Voice:
@@ -725,6 +746,17 @@ def take_part(peers, rank):
                 send(lines.conn, {"ack": msg["step"]})
             except OSError:
                 peer_lost(rank)
+
+def run_main(main):
+    """Run an engine's main(argv) as its process: an uncaught error prints as the real server's does, exit 1."""
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SystemExit:
+        raise
+    except Exception:  # noqa: BLE001 - print like an uncaught error in the real server
+        traceback.print_exc(file=sys.stdout)
+        sys.exit(1)
+
 
 def worker_serves(peers, rank):
     """A rank other than 0 once started: it answers rank 0's collectives until the group ends; never returns."""

@@ -62,7 +62,6 @@ import json
 import os
 import sys
 import time
-import traceback
 
 # The shared machinery (engine_standin.py) and NCCL's device choice (roce_port.py) are beside this file; no
 # __pycache__ beside them (the node's files are what the shared-node check and uninstall's comparison read).
@@ -72,26 +71,10 @@ import engine_standin as es  # noqa: E402
 from engine_standin import CORRUPTIONS, GPU_TOTAL_GIB, container_path, prompt_tokens, raw  # noqa: E402
 
 DEFAULTS = {
+    **es.SERVING_DEFAULTS,
     "state_budget": 4 * 65536,
-    "rendezvous_timeout": None,
-    "load_seconds": 1.0,
     "tilelang_tile": "gb10",
     "tilelang_verify_tile": "default",
-    "resident_gib": None,
-    "output_corruption": [],
-    "hub_reachable": False,
-    "watchdog_seconds": None,
-    "hang": False,
-    "gpu_release_seconds": 0,
-    "token_seconds": 0.0,
-    # Serving speed and faults for the benchmark (tests/standins/README.md): read at each request.
-    "ttft_seconds": None,
-    "prefill_tokens_per_second": 0,
-    "concurrency_slowdown": 0.0,
-    "error_every": 0,
-    "error_status": 503,
-    "cut_every": 0,
-    "recall": False,
     # /metrics behind --api-key, as in SGLang builds from before its /metrics exemption: read at each request.
     "metrics_behind_key": False,
 }
@@ -567,10 +550,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SystemExit:
-        raise
-    except Exception:  # noqa: BLE001 - print like an uncaught error in the real server
-        traceback.print_exc(file=sys.stdout)
-        sys.exit(1)
+    es.run_main(main)
