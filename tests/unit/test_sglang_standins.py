@@ -424,14 +424,19 @@ def test_rank0_serves_only_after_every_rank_joined_and_dies_with_a_peer(model_di
         worker = start_server(server_args(model_dir, free_port(), nnodes=2, rank=1, dist_port=dist))
         wait_ready(port, head)
         assert http(port, "/v1/chat/completions", ASK)[1]["choices"][0]["message"]["content"] == "391"
-        worker.send_signal(signal.SIGKILL)
-        worker.wait()
-        assert head.wait(timeout=10) == 1
-        assert "NCCL error" in head.stdout.read()
+        assert "NCCL error" in killed_worker_takes_down(head, worker)
     finally:
         stop(head)
         if worker:
             stop(worker)
+
+
+def killed_worker_takes_down(head, worker) -> str:
+    """SIGKILL the worker of a serving pair: rank 0 goes down with it at once (exit 1); rank 0's remaining output."""
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    assert head.wait(timeout=10) == 1
+    return head.stdout.read()
 
 
 def listening_ports(pid) -> list[int]:
