@@ -944,6 +944,12 @@ def test_run_refuses_a_missing_device_or_env_file_like_docker(tmp_path):
     assert r.returncode == 125 and 'adding custom device "/dev/infiniband"' in r.stderr
     r = docker(root, "run", "--rm", "--env-file", str(tmp_path / "none.env"), IMAGE, "true")
     assert r.returncode == 125 and "no such file or directory" in r.stderr
+    # A bind source the daemon would create: inside the node root it is, outside it (this machine) it is refused.
+    r = docker(root, "run", "--rm", "--volume", f"{tmp_path}/outside/api-key:/run/key:ro", IMAGE, "true")
+    assert r.returncode == 125 and "is missing and outside the node root" in r.stderr
+    assert not (tmp_path / "outside").exists()
+    r = docker(root, "run", "--rm", "--volume", f"{root}/inside:/run/inside", IMAGE, "true")
+    assert r.returncode == 0 and (root / "inside").is_dir()
 
 
 def test_run_runs_the_sglang_standin_with_mounts_env_and_stop(tmp_path, model_dir):
