@@ -35,6 +35,7 @@ def layout(names: dict) -> dict:
         "container": container(names),
         "config_dir": config_dir,
         "env_name": container(names) + ".env",
+        "key_name": container(names) + ".key",
         "nginx_conf": os.path.join(NGINX_CONF_DIR, container(names) + ".conf"),
         "supervisor_unit": names["spark_supervisor_unit_name"],
         "supervisor_unit_path": os.path.join(UNIT_DIR, names["spark_supervisor_unit_name"]),

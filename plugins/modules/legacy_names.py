@@ -209,6 +209,12 @@ class TakeOver:
             self.plan(f"rename {o['env_name']} to {n['env_name']} in {n['config_dir']}",
                       lambda: os.rename(os.path.join(n["config_dir"], o["env_name"]),
                                         os.path.join(n["config_dir"], n["env_name"])))
+        old_key = os.path.join(now, o["key_name"])
+        if o["key_name"] != n["key_name"] and os.path.lexists(old_key):
+            # The server role installs the key again under its new name; the old file would keep a copy of it.
+            self.found.append(f"{old_key} (the rank's API key file, installed again under its new name)")
+            self.plan(f"remove {o['key_name']} from {n['config_dir']}",
+                      lambda: os.unlink(os.path.join(n["config_dir"], o["key_name"])))
         if self.found:
             self.plan("rewrite the kept configurations' units to the new container and env file names",
                       lambda: self.rewrite_stores(n["config_dir"]))
