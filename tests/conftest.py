@@ -42,6 +42,7 @@ HEAVY_FIRST = (
     "test_supervisor.py",
     "test_change.py",
     "test_tune.py",
+    "test_vllm.py",
     "test_server_nodes.py",
     "test_firewall.py",
     "test_monitoring.py",

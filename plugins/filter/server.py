@@ -897,7 +897,7 @@ def _check_engine(ctx, model, errors):
         errors.append(
             f"{ENGINE} = {inputs.shown(engine)}: not an engine this collection has a flag model for, so no launch "
             f"arguments, image or unit could be chosen. Fix: set {ENGINE} to one of {', '.join(engines)} "
-            "(sglang deploys; vllm renders its units only, in this version)."
+            "(the deployment facts' engine sglang, or vllm with the kernel fix of its recipe)."
         )
         return False
     # The inventory's own settings (a role default is in no host's hostvars): one group, one engine.
@@ -919,7 +919,28 @@ def _check_engine(ctx, model, errors):
             f"deploy them yet: {' '.join(str(model.get('render_only', '')).split())}. Fix: {ENGINE}: sglang to deploy, "
             f"or render with scripts/deploy playbooks/render.yml -i <inventory> -e {ENGINE}={engine}."
         )
+    elif not render_only:
+        _check_deployable(ctx, model, engine, errors)
     return True
+
+
+def _check_deployable(ctx, model, engine, errors):
+    """What the engine needs from a site before it can serve on GB10, and the site switches it cannot serve with
+    yet: refused before any change rather than minutes into a start."""
+    label = _label(model)
+    if model.get("needs_build") and not ctx.get("server_image_build_context") and not ctx.get("server_image"):
+        errors.append(
+            f"{ENGINE} = {engine!r} with server_image and server_image_build_context empty: "
+            f"{' '.join(str(model['needs_build']).split())}. Fix: set server_image_build_context to a build context that "
+            f"applies the fix from {label}'s recipe on top of {model.get('image')} (docs/changing-safely.md, a derived "
+            "image), or server_image to an image of your own that carries it."
+        )
+    for switch, why in sorted((model.get("without") or {}).items()):
+        if _as_bool(ctx.get(switch)):
+            errors.append(
+                f"{switch} = {inputs.shown(ctx.get(switch))} with {ENGINE} = {engine!r}: {' '.join(str(why).split())}. "
+                f"Fix: set {switch}: false for a {label} site (the supervisor still heals the group), or serve SGLang."
+            )
 
 
 def server_plan(ctx, model, hostvars=None):

@@ -7,6 +7,7 @@ that compared the model with itself could not fail.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -263,15 +264,30 @@ def test_an_unknown_engine_is_refused_alone_with_the_engines_there_are():
     assert result["args"] == []
 
 
-def test_vllm_outside_render_is_refused_with_both_fixes():
-    result = FILTER.server_plan(vctx(server_render_only=False), VLLM)
-    assert len(result["errors"]) == 1, result["errors"]
-    message = result["errors"][0]
-    for fragment in ("spark_engine = 'vllm'", "renders vLLM's units (playbooks/render.yml) but does not deploy them",
-                     "sparse-MLA kernel fix", "Fix: spark_engine: sglang to deploy",
-                     "scripts/deploy playbooks/render.yml -i <inventory> -e spark_engine=vllm"):
-        assert fragment in message, message
-    assert result["args"] == []
+def test_a_vllm_deployment_needs_the_kernel_fix_and_no_monitoring_yet(tmp_path):
+    result = FILTER.server_plan(vctx(server_render_only=False, spark_monitoring=True), VLLM)
+    assert len(result["errors"]) == 2, result["errors"]
+    build, monitoring = result["errors"]
+    for fragment in ("spark_engine = 'vllm' with server_image and server_image_build_context empty",
+                     "lacks the seed's sparse-MLA kernel fix for GB10 (sm_121)", "cudaErrorNoKernelImageForDevice",
+                     "Fix: set server_image_build_context to a build context that applies the fix from vLLM's recipe "
+                     "on top of vllm/vllm-openai:glm51-cu130", "or server_image to an image of your own"):
+        assert fragment in build, build
+    for fragment in ("spark_monitoring = true with spark_engine = 'vllm'", "know SGLang's metric names only",
+                     "Fix: set spark_monitoring: false for a vLLM site"):
+        assert fragment in monitoring, monitoring
+    # The site's own image, or a build on top of vLLM's, and no monitoring: deployed.
+    assert FILTER.server_plan(vctx(server_render_only=False, spark_monitoring=False,
+                                   server_image="registry.example/vllm-gb10:0.19.1"), VLLM)["errors"] == []
+    context = tmp_path / "fix"
+    context.mkdir()
+    (context / "Dockerfile").write_text("ARG SPARK_BASE_IMAGE\nFROM ${SPARK_BASE_IMAGE}\n")
+    pins = {"Dockerfile": hashlib.sha256((context / "Dockerfile").read_bytes()).hexdigest()}
+    built = FILTER.server_plan(vctx(server_render_only=False, spark_monitoring="false", server_image_build_context=str(context),
+                                    server_image_build_sha256=pins), VLLM)
+    assert built["errors"] == [] and built["args"][0] == "/models/glm53"
+    # A render needs neither: it writes files, it starts nothing.
+    assert FILTER.server_plan(vctx(spark_monitoring=True), VLLM)["errors"] == []
 
 
 def test_render_only_changes_nothing_for_sglang_and_must_be_a_boolean():

@@ -1,0 +1,167 @@
+"""vLLM on the simulated pair (spark_engine: vllm), its stand-in behind the docker stand-in's vLLM image.
+
+One pair carries the tests in file order, as one site's history: a vLLM site without the recipe's kernel fix
+refused before any change; vLLM deployed from scratch on a derived image that carries the fix (built on the head,
+given to the worker over the fabric), verified; a second run that changes nothing; a killed worker rank healed
+by the supervisor; a change to vLLM's upstream image, which cannot start on GB10, going back by itself to the
+configuration that served; then a switch to SGLang and back to vLLM, each verified. The fabric is configured as a
+site gets it (the SSH trust the supervisor and the image hand-over use); the checkpoint is staged as
+checkpoint.yml leaves it. The monitoring stays off: this version refuses it for vLLM (it knows SGLang's metric
+names only), which the first test shows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tests.harness import cluster as sim
+from tests.lib.playbook import run_playbook
+from tests.lib.supervised import (
+    POLL,
+    REVISION,
+    SUPERVISOR,
+    UNIT,
+    checkpoint_files,
+    generate,
+    ranks_active,
+    restarts,
+    signal_rank,
+    state,
+    wait_for,
+    wait_serving,
+    wait_stable,
+)
+
+pytestmark = pytest.mark.slow
+
+UPSTREAM = "vllm/vllm-openai:glm51-cu130"
+ROLLED_BACK = "The change failed and was rolled back: every rank runs its last good configuration again"
+
+
+def sh(node, command, timeout=120):
+    return sim.ssh(node, command, timeout=timeout)
+
+
+def running_image(node) -> str:
+    return sh(node, "docker inspect --type container --format '{{.Image}}' spark-llm").strip()
+
+
+def launch_args(node) -> list[str]:
+    return json.loads(sh(node, "cat /etc/spark-llm/server-args.json"))
+
+
+class Site:
+    def __init__(self, cluster, settings):
+        self.cluster, self.settings = cluster, settings
+
+    def play(self, playbook, **extravars):
+        return run_playbook(playbook, self.cluster.inventory, extravars={**self.settings, **extravars})
+
+    def verified(self, result=None):
+        """verify.yml's table of the run (or of a verify run of its own): every row passed."""
+        result = result or self.play("playbooks/verify.yml")
+        assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+        table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
+        assert table.count("PASS") == 5 and "FAIL" not in table, table
+        return table
+
+
+@pytest.fixture(scope="module")
+def site(sim_cluster, tmp_path_factory):
+    for n in sim_cluster.nodes:
+        sh(n, checkpoint_files())
+        sim.set_knobs(sim_cluster.instance, n.name, {"vllm": {"load_seconds": 0.2}, "sglang": {"load_seconds": 0.2}})
+    fabric = run_playbook("playbooks/fabric.yml", sim_cluster.inventory, extravars={"fabric_iperf_min_gbps": 0})
+    assert fabric.rc == 0, fabric.failure_messages() or fabric.stdout[-3000:]
+    # The recipe's sparse-MLA fix on top of vLLM's image, as an operator's build context: what its RUN step
+    # changes is told to the stand-in by a label (tests/standins/README.md, docker).
+    context = tmp_path_factory.mktemp("vllm-sm121-fix")
+    (context / "Dockerfile").write_text(
+        "ARG SPARK_BASE_IMAGE\nFROM ${SPARK_BASE_IMAGE}\nCOPY sparse-mla-sm121.patch /opt/spark/\n"
+        "LABEL org.spark-sim.vllm='{\"sparse_mla_sm121\": true}'\n")
+    (context / "sparse-mla-sm121.patch").write_text("sm_121 build of the sparse-MLA kernels\n")
+    build = {"server_image_build_context": str(context),
+             "server_image_build_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in context.iterdir()}}
+    return Site(sim_cluster, {**SUPERVISOR, "spark_engine": "vllm", "spark_monitoring": False,
+                              "checkpoint_revision": REVISION, **build})
+
+
+def test_a_vllm_site_without_the_kernel_fix_or_with_monitoring_is_refused_before_any_change(site):
+    result = site.play("playbooks/server.yml", server_image_build_context="", server_image_build_sha256={},
+                       spark_monitoring=True)
+    assert result.rc != 0
+    message = result.failure_messages()
+    assert "spark_engine = 'vllm' with server_image and server_image_build_context empty" in message
+    assert "cudaErrorNoKernelImageForDevice" in message and "Fix: set server_image_build_context" in message
+    assert "spark_monitoring = true with spark_engine = 'vllm'" in message
+    assert result.changed == []
+    for n in site.cluster.nodes:
+        assert sh(n, f"systemctl is-active {UNIT}; true").strip() in ("inactive", "unknown")
+
+
+def test_vllm_deploys_on_the_derived_image_and_verifies(site):
+    result = site.play("playbooks/server.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    head, worker = site.cluster.nodes
+    tag = next(iter(result.results("Pull the base image on the head and name the derived image").values()))["tag"]
+    assert tag.startswith("spark-llm/vllm-derived:"), tag
+    ids = {running_image(n) for n in site.cluster.nodes}
+    assert len(ids) == 1 and ids == {sh(worker, f"docker image inspect --format '{{{{.Id}}}}' {tag}").strip()}
+    # vllm serve on both nodes: the head serves, the worker joins it headless over the fabric.
+    head_args, worker_args = launch_args(head), launch_args(worker)
+    assert head_args[0] == worker_args[0] == "/models/glm53"
+    assert "--headless" in worker_args and "--headless" not in head_args
+    assert worker_args[worker_args.index("--master-addr") + 1] == head.fabric_ip
+    assert head_args[head_args.index("--reasoning-parser") + 1] == "deepseek_r1"
+    # The vLLM start's own lines in the head's journal, and the key in no container's recorded configuration.
+    journal = sh(head, f"journalctl -u {UNIT} --no-pager -o cat")
+    assert "Starting vLLM API server" in journal and "Application startup complete." in journal
+    key = (site.cluster.inventory / ".credentials" / "spark_llm_api_key").read_text().strip()
+    for n in site.cluster.nodes:
+        assert key not in sh(n, "docker inspect spark-llm")
+    site.verified()
+    wait_for(lambda: state(site.cluster).get("state") == "healthy", "the supervisor's first healthy check", 120,
+             every=POLL)
+
+
+def test_a_second_run_changes_nothing(site):
+    result = site.play("playbooks/server.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    assert result.changed == []
+
+
+def test_a_killed_worker_rank_is_healed_by_the_supervisor(site):
+    before = restarts(site.cluster)
+    signal_rank(site.cluster.nodes[1], "KILL")
+    wait_serving(site.cluster)
+    st = wait_stable(site.cluster)
+    assert restarts(site.cluster) == before + 1, st["history"][-4:]
+    assert ranks_active(site.cluster) == ["active", "active"]
+
+
+def test_vllm_s_upstream_image_cannot_start_on_gb10_and_the_group_goes_back(site):
+    before = {n.name: running_image(n) for n in site.cluster.nodes}
+    result = site.play("playbooks/server.yml", server_image=UPSTREAM, server_image_build_context="",
+                       server_image_build_sha256={})
+    assert result.rc != 0
+    message = result.failure_messages()
+    assert ROLLED_BACK in message, message or result.stdout[-3000:]
+    assert "vLLM did not come up" in message and "no kernel image is available for execution on the device" in message
+    assert {n.name: running_image(n) for n in site.cluster.nodes} == before
+    assert generate(site.cluster)
+
+
+def test_a_switch_to_sglang_and_back_to_vllm(site):
+    sglang = {"spark_engine": "sglang", "server_image_build_context": "", "server_image_build_sha256": {}}
+    to_sglang = site.play("playbooks/server.yml", **sglang)
+    assert to_sglang.rc == 0, to_sglang.failure_messages() or to_sglang.stdout[-3000:]
+    head = site.cluster.nodes[0]
+    assert "--model-path" in launch_args(head) and "run_module('sglang.launch_server'" in sh(head, f"systemctl cat {UNIT}")
+    site.verified(site.play("playbooks/verify.yml", **sglang))
+    back = site.play("playbooks/server.yml")
+    assert back.rc == 0, back.failure_messages() or back.stdout[-3000:]
+    assert launch_args(head)[0] == "/models/glm53" and "'vllm','serve'" in sh(head, f"systemctl cat {UNIT}")
+    site.verified()
