@@ -1,13 +1,11 @@
 """vLLM on the simulated pair (spark_engine: vllm), its stand-in behind the docker stand-in's vLLM image.
 
 One pair carries the tests in file order, as one site's history: a vLLM site without the recipe's kernel fix
-refused before any change; vLLM deployed from scratch on a derived image that carries the fix (built on the head,
-given to the worker over the fabric), verified; a second run that changes nothing; a killed worker rank healed
-by the supervisor; a change to vLLM's upstream image, which cannot start on GB10, going back by itself to the
-configuration that served; then a switch to SGLang and back to vLLM, each verified. The fabric is configured as a
-site gets it (the SSH trust the supervisor and the image hand-over use); the checkpoint is staged as
-checkpoint.yml leaves it. The monitoring stays off: this version refuses it for vLLM (it knows SGLang's metric
-names only), which the first test shows.
+refused before any change; site.yml from scratch with vLLM on a derived image that carries the fix (built on the
+head, given to the worker over the fabric), verified; a second run that changes nothing; a killed worker rank
+healed by the supervisor; a change to vLLM's upstream image, which cannot start on GB10, going back by itself to
+the configuration that served; then a switch to SGLang and back to vLLM, each verified. The monitoring stays off:
+this version refuses it for vLLM (it knows SGLang's metric names only), which the first test shows.
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import (
     POLL,
-    REVISION,
     SUPERVISOR,
     UNIT,
-    checkpoint_files,
     generate,
     ranks_active,
     restarts,
@@ -72,10 +68,7 @@ class Site:
 @pytest.fixture(scope="module")
 def site(sim_cluster, tmp_path_factory):
     for n in sim_cluster.nodes:
-        sh(n, checkpoint_files())
         sim.set_knobs(sim_cluster.instance, n.name, {"vllm": {"load_seconds": 0.2}, "sglang": {"load_seconds": 0.2}})
-    fabric = run_playbook("playbooks/fabric.yml", sim_cluster.inventory, extravars={"fabric_iperf_min_gbps": 0})
-    assert fabric.rc == 0, fabric.failure_messages() or fabric.stdout[-3000:]
     # The recipe's sparse-MLA fix on top of vLLM's image, as an operator's build context: what its RUN step
     # changes is told to the stand-in by a label (tests/standins/README.md, docker).
     context = tmp_path_factory.mktemp("vllm-sm121-fix")
@@ -85,8 +78,7 @@ def site(sim_cluster, tmp_path_factory):
     (context / "sparse-mla-sm121.patch").write_text("sm_121 build of the sparse-MLA kernels\n")
     build = {"server_image_build_context": str(context),
              "server_image_build_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in context.iterdir()}}
-    return Site(sim_cluster, {**SUPERVISOR, "spark_engine": "vllm", "spark_monitoring": False,
-                              "checkpoint_revision": REVISION, **build})
+    return Site(sim_cluster, {**SUPERVISOR, "spark_engine": "vllm", "spark_monitoring": False, **build})
 
 
 def test_a_vllm_site_without_the_kernel_fix_or_with_monitoring_is_refused_before_any_change(site):
@@ -102,9 +94,10 @@ def test_a_vllm_site_without_the_kernel_fix_or_with_monitoring_is_refused_before
         assert sh(n, f"systemctl is-active {UNIT}; true").strip() in ("inactive", "unknown")
 
 
-def test_vllm_deploys_on_the_derived_image_and_verifies(site):
-    result = site.play("playbooks/server.yml")
+def test_site_deploys_vllm_from_scratch_on_the_derived_image_and_verifies(site):
+    result = site.play("site.yml")
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    site.verified(result)
     head, worker = site.cluster.nodes
     tag = next(iter(result.results("Pull the base image on the head and name the derived image").values()))["tag"]
     assert tag.startswith("spark-llm/vllm-derived:"), tag
@@ -122,13 +115,12 @@ def test_vllm_deploys_on_the_derived_image_and_verifies(site):
     key = (site.cluster.inventory / ".credentials" / "spark_llm_api_key").read_text().strip()
     for n in site.cluster.nodes:
         assert key not in sh(n, "docker inspect spark-llm")
-    site.verified()
     wait_for(lambda: state(site.cluster).get("state") == "healthy", "the supervisor's first healthy check", 120,
              every=POLL)
 
 
 def test_a_second_run_changes_nothing(site):
-    result = site.play("playbooks/server.yml")
+    result = site.play("site.yml")
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert result.changed == []
 
