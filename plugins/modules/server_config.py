@@ -45,12 +45,9 @@ options:
     description: The image reference the installed unit runs (O(state=read) compares its ID with the last good one's).
     type: str
     default: ""
-  docker:
-    description: The docker CLI.
-    type: path
-    default: /usr/bin/docker
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - dgx_spark.llm_serving.docker_cli
 attributes:
   check_mode:
     support: full

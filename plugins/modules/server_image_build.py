@@ -71,12 +71,9 @@ options:
     description: Seconds one peer's transfer may take (an engine image is tens of GB).
     type: int
     default: 3600
-  docker:
-    description: The docker CLI.
-    type: path
-    default: /usr/bin/docker
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - dgx_spark.llm_serving.docker_cli
 attributes:
   check_mode:
     support: full

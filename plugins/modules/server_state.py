@@ -70,12 +70,9 @@ options:
     description: The group supervisor's state directory (its pause and give-up markers).
     type: path
     default: ""
-  docker:
-    description: The docker CLI.
-    type: path
-    default: /usr/bin/docker
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - dgx_spark.llm_serving.docker_cli
 attributes:
   check_mode:
     support: full

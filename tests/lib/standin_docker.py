@@ -18,3 +18,12 @@ def docker(root, *args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"docker {args}: {proc.stderr}")
     return proc.stdout.strip()
+
+
+def node_root(base: Path, monkeypatch) -> Path:
+    """A node's root for the stand-ins under `base` (no knobs set), made the one the modules run against."""
+    root = base / "node"
+    (root / "etc" / "spark-sim").mkdir(parents=True)
+    (root / "etc" / "spark-sim" / "node.json").write_text("{}")
+    monkeypatch.setenv("SPARK_SIM_ROOT", str(root))
+    return root

@@ -14,7 +14,7 @@ import pytest
 
 from tests.lib.role_module import module_utils, run_module
 from tests.lib.server_plan import FILTER, MODEL, ctx
-from tests.lib.standin_docker import DOCKER, docker
+from tests.lib.standin_docker import DOCKER, docker, node_root
 
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 DOCKERFILE = (
@@ -117,11 +117,7 @@ def test_the_build_s_identity_follows_the_base_and_every_pinned_file():
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    root = tmp_path / "node"
-    (root / "etc" / "spark-sim").mkdir(parents=True)
-    (root / "etc" / "spark-sim" / "node.json").write_text("{}")
-    monkeypatch.setenv("SPARK_SIM_ROOT", str(root))
-    return root
+    return node_root(tmp_path, monkeypatch)
 
 
 def test_the_head_names_builds_and_then_finds_the_derived_image(node, context, tmp_path):

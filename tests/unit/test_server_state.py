@@ -20,7 +20,7 @@ import pytest
 
 from tests.lib.role_module import run_module
 from tests.lib.server_plan import FILTER
-from tests.lib.standin_docker import DOCKER, docker
+from tests.lib.standin_docker import DOCKER, docker, node_root
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
@@ -36,10 +36,7 @@ def sha1(path: Path) -> str:
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    root = tmp_path / "node"
-    (root / "etc" / "spark-sim").mkdir(parents=True)
-    (root / "etc" / "spark-sim" / "node.json").write_text("{}")
-    monkeypatch.setenv("SPARK_SIM_ROOT", str(root))
+    root = node_root(tmp_path, monkeypatch)
     store = root / "etc" / "spark-llm"
     paths = {"unit": root / "etc" / "systemd" / "system" / "spark-llm.service", "env": store / "spark-llm.env",
              "args": store / "server-args.json"}
