@@ -55,6 +55,12 @@ def benchmark_problems(s):
     def bad(var, why, fix):
         problems.append(f"benchmark_{var} = {inputs.shown(s.get(var))}: {why}. Fix: {fix}.")
 
+    engine = s.get("engine", "sglang")
+    if engine != "sglang":
+        return [f"spark_engine = {engine!r}: the benchmark reads SGLang's max-running-requests and launch arguments "
+                "for its load levels only in this version. Fix: measure with your own client for now (the endpoint "
+                "is OpenAI-compatible)."]
+
     why = concurrency_problem(s.get("concurrency"))
     if why:
         bad("concurrency", why, "give a strictly increasing list of positive whole numbers, e.g. [1, 2, 4, 5], or auto "

@@ -38,6 +38,13 @@ def _flag(model, name):
 def tune_problems(s, model):
     """Every problem of the tune's settings, before any restart. `model` is spark_flag_model."""
     problems = []
+    engine = (model or {}).get("engine", "sglang")
+    if engine != "sglang":
+        # Its trials restart the group with SGLang's capacity flags and read SGLang's start-up lines.
+        return [f"spark_engine = {engine!r}: the tuner varies SGLang's context-length and max-running-requests only in "
+                f"this version. Fix: set max-model-len and max-num-seqs in server_flag_overrides (or a profile in "
+                f"server_profiles, whose SGLang names apply to {(model or {}).get('label', engine)}'s flags) and run "
+                "playbooks/server.yml."]
     ctx_flag, req_flag = _flag(model, "context-length"), _flag(model, "max-running-requests")
     window = int(ctx_flag.get("max", 1048576))
     low = int(ctx_flag.get("min", 1024))

@@ -14,7 +14,7 @@ description:
   - A configuration is the rank's unit, its env file, its server-args.json and the ID of the image its
     container runs. Two copies are kept in O(store) (mode 0700) - C(pending/), a configuration that passed
     readiness and waits for verify, and C(last-good/), the last one that passed readiness and verify - each
-    with the files byte for byte (the env file 0600: one kept from before 1.8.0 holds the API key) and C(config.json) naming the
+    with the files byte for byte (the env file 0600 - one kept from before 1.8.0 holds the API key) and C(config.json) naming the
     image reference and ID.
   - C(state=read) reads only. C(state=pending) records what the rank runs now (the running container's image
     ID) as pending, or drops the pending copy when it equals the last good one. C(state=commit) makes the
