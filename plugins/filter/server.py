@@ -338,7 +338,7 @@ def _with_profile(ctx, model, ack, errors):
         return overrides
     # A profile names SGLang's capacity flags (the tune writes them); another engine's model takes them as
     # aliases, so one flag may be spelt differently in the profile and in the overrides.
-    _, aliases = _index(model)
+    aliases = _index(model)[1]
     by_flag = {aliases.get(str(key), str(key)): key for key in overrides}
     merged = {}
     for flag, value in flags.items():
@@ -876,11 +876,10 @@ def _check_build(ctx, nodes, errors):
             errors.append(f"{var} = {context!r}: its Dockerfile does not build on the site's image: {problem}.")
     problems = image_build.pin_problems(files, odd, pins)
     if problems:
-        listed = {rel: digest for rel, digest in files.items()}
         errors.append(
             f"{pins_var}: the build context {context} is not the pinned one ({'; '.join(problems)}), so nodes could "
             f"run an image nobody reviewed. Fix: review the context and pin exactly its files: "
-            f"{pins_var}: {json.dumps(listed, sort_keys=True)}.")
+            f"{pins_var}: {json.dumps(files, sort_keys=True)}.")
     if nodes and len(nodes) > 1 and _as_bool(ctx.get("peer_ssh")) is False:
         errors.append(
             f"{var} = {context!r}: the head gives the derived image to the workers over the fabric's SSH trust, and "

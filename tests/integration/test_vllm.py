@@ -2,16 +2,18 @@
 
 One pair carries the tests in file order, as one site's history: a vLLM site without the recipe's kernel fix
 refused before any change; site.yml from scratch with vLLM on a derived image that carries the fix (built on the
-head, given to the worker over the fabric), verified; a second run that changes nothing; a killed worker rank
-healed by the supervisor; a change to vLLM's upstream image, which cannot start on GB10, going back by itself to
-the configuration that served; then a switch to SGLang and back to vLLM, each verified. The monitoring stays off:
-this version refuses it for vLLM (it knows SGLang's metric names only), which the first test shows.
+head, given to the worker over the fabric), verified; a second run that changes nothing; a killed and a frozen
+worker rank healed by the supervisor; status; a change to vLLM's upstream image, which cannot start on GB10, going
+back by itself to the configuration that served; an upgrade of the base, the fix built again before any rank
+stops; a switch to SGLang and back to vLLM, each verified; uninstall. The monitoring stays off: this version
+refuses it for vLLM (it knows SGLang's metric names only), which the first test shows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
 
@@ -134,6 +136,26 @@ def test_a_killed_worker_rank_is_healed_by_the_supervisor(site):
     assert ranks_active(site.cluster) == ["active", "active"]
 
 
+def test_a_frozen_worker_rank_is_healed_by_the_supervisor(site):
+    before = restarts(site.cluster)
+    signal_rank(site.cluster.nodes[1], "STOP")
+    wait_serving(site.cluster)
+    wait_stable(site.cluster)
+    assert restarts(site.cluster) == before + 1
+    assert ranks_active(site.cluster) == ["active", "active"]
+
+
+def test_status_shows_the_vllm_group(site):
+    result = site.play("playbooks/status.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    lines = {h: r["msg"] for h, r in result.results("Show one line per node").items()}
+    head, worker = lines["spark-0"], lines["spark-1"]
+    assert head.startswith("spark-0 head: unit active/running;") and "image spark-llm/vllm-derived:" in head, head
+    assert "endpoint healthy, serves /models/glm53" in head
+    assert worker.startswith("spark-1 worker: unit active/running;") and "endpoint n/a (worker)" in worker
+    assert not result.changed
+
+
 def test_vllm_s_upstream_image_cannot_start_on_gb10_and_the_group_goes_back(site):
     before = {n.name: running_image(n) for n in site.cluster.nodes}
     result = site.play("playbooks/server.yml", server_image=UPSTREAM, server_image_build_context="",
@@ -143,6 +165,23 @@ def test_vllm_s_upstream_image_cannot_start_on_gb10_and_the_group_goes_back(site
     assert ROLLED_BACK in message, message or result.stdout[-3000:]
     assert "vLLM did not come up" in message and "no kernel image is available for execution on the device" in message
     assert {n.name: running_image(n) for n in site.cluster.nodes} == before
+    assert generate(site.cluster)
+
+
+def test_an_upgrade_of_the_base_builds_the_fix_again_before_any_rank_stops(site):
+    t0 = time.time()
+    result = site.play("playbooks/upgrade.yml", server_image=f"{UPSTREAM}-v2")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    tag = next(iter(result.results("Pull the base image on the head and name the derived image").values()))["tag"]
+    head, worker = site.cluster.nodes
+    seen = {n.name: [json.loads(line) for line in sh(n, f"docker events --since {t0} --until {time.time() + 1:.3f} "
+                                                        "--format '{{json .}}'").splitlines()] for n in site.cluster.nodes}
+    stopped = min(e["timeNano"] for name in seen for e in seen[name]
+                  if e["Type"] == "container" and e["Action"] in ("kill", "stop", "die"))
+    built = [e["timeNano"] for e in seen[head.name] if e["Action"] == "tag" and e["Actor"]["Attributes"]["name"] == tag]
+    loaded = [e["timeNano"] for e in seen[worker.name] if e["Action"] == "load"]
+    assert built and loaded and max(built + loaded) < stopped
+    assert {running_image(n) for n in site.cluster.nodes} == {sh(head, f"docker image inspect --format '{{{{.Id}}}}' {tag}")}
     assert generate(site.cluster)
 
 
@@ -157,3 +196,12 @@ def test_a_switch_to_sglang_and_back_to_vllm(site):
     assert back.rc == 0, back.failure_messages() or back.stdout[-3000:]
     assert launch_args(head)[0] == "/models/glm53" and "'vllm','serve'" in sh(head, f"systemctl cat {UNIT}")
     site.verified()
+
+
+def test_uninstall_takes_vllm_off_the_nodes_and_keeps_the_images(site):
+    result = site.play("playbooks/uninstall.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    for n in site.cluster.nodes:
+        left = sh(n, f"ls -d /etc/systemd/system/{UNIT} /etc/spark-llm 2>/dev/null; docker ps -q; true").split()
+        assert left == [], (n.name, left)
+        assert "spark-llm/vllm-derived:" in sh(n, "docker images --format '{{.Repository}}:{{.Tag}}'")
