@@ -181,7 +181,8 @@ def test_an_upgrade_of_the_base_builds_the_fix_again_before_any_rank_stops(site)
     built = [e["timeNano"] for e in seen[head.name] if e["Action"] == "tag" and e["Actor"]["Attributes"]["name"] == tag]
     loaded = [e["timeNano"] for e in seen[worker.name] if e["Action"] == "load"]
     assert built and loaded and max(built + loaded) < stopped
-    assert {running_image(n) for n in site.cluster.nodes} == {sh(head, f"docker image inspect --format '{{{{.Id}}}}' {tag}")}
+    built_id = sh(head, f"docker image inspect --format '{{{{.Id}}}}' {tag}").strip()
+    assert {running_image(n) for n in site.cluster.nodes} == {built_id}
     assert generate(site.cluster)
 
 

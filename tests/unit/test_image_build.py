@@ -134,6 +134,8 @@ def test_the_head_names_builds_and_then_finds_the_derived_image(node, context, t
     assert built["changed"] is True and built["image_id"].startswith("sha256:"), built
     labels = json.loads(docker(node, "image", "inspect", "--format", "{{json .Config.Labels}}", plan["tag"]))
     assert labels["org.spark-llm.build"] == plan["build_id"]
+    # Built here, from no registry: the image list shows no digest for it.
+    assert f"{plan['tag']} <none>" in docker(node, "images", "--format", "{{.Repository}}:{{.Tag}} {{.Digest}}")
     again = run_module("server_image_build", {**args, "state": "plan"}, tmp_path)
     assert (again["changed"], again["present"], again["image_id"]) == (False, True, built["image_id"])
     # What the head builds is checked against the pins once more: a copy changed on the way is not built.
