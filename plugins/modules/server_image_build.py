@@ -133,6 +133,7 @@ sent:
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import docker_images
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.image_build import (
     BASE_ARG,
     LABEL,
@@ -145,23 +146,16 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_command
 
 
 def image_id(module, docker, ref):
-    """(ID, Os, Architecture, rc, stderr) of a local image."""
-    rc, out, err = module.run_command([docker, "image", "inspect", "--format", "{{.Id}}|{{.Os}}|{{.Architecture}}", ref])
-    parts = out.strip().split("|") if rc == 0 else []
-    if len(parts) != 3:
-        return "", "", "", rc or 1, err.strip() or out.strip()
-    return parts[0], parts[1], parts[2], 0, ""
+    """The ID of a local image, '' when it is not there."""
+    return docker_images.inspect(module, docker, ref)["Id"]
 
 
 def plan(module, p, result):
     pulled = False
     if not module.check_mode:
-        rc, out, err = module.run_command([p["docker"], "pull", p["base_ref"]])
-        if rc != 0:
-            module.fail_json(msg=f"docker pull {p['base_ref']} failed on the head: {err.strip() or out.strip()}")
-        pulled = "Downloaded newer image" in out
-    base_id, os_name, arch, rc, err = image_id(module, p["docker"], p["base_ref"])
-    result["base"] = {"Id": base_id, "Os": os_name, "Architecture": arch, "rc": rc, "stderr": err}
+        pulled = docker_images.pull(module, p["docker"], p["base_ref"], " on the head")[0]
+    result["base"] = docker_images.inspect(module, p["docker"], p["base_ref"])
+    base_id = result["base"]["Id"]
     result["changed"] = pulled
     if not base_id:
         # Check mode on a head that has not pulled the base: nothing to name yet.
@@ -169,7 +163,7 @@ def plan(module, p, result):
         return
     identity = build_id(base_id, p["sha256"])
     tag = derived_tag(p["engine"], identity)
-    derived, _os, _arch, _rc, _err = image_id(module, p["docker"], tag)
+    derived = image_id(module, p["docker"], tag)
     result.update(build_id=identity, tag=tag, present=bool(derived), image_id=derived)
 
 
@@ -188,7 +182,7 @@ def build(module, p, result):
     if rc != 0:
         tail = "\n".join((err.strip() or out.strip()).splitlines()[-15:])
         module.fail_json(msg=f"docker build of {p['tag']} on top of {p['base_ref']} failed:\n{tail}", rc=rc)
-    result["image_id"] = image_id(module, p["docker"], p["tag"])[0]
+    result["image_id"] = image_id(module, p["docker"], p["tag"])
 
 
 def ssh(p, address, command):
@@ -214,7 +208,7 @@ def send(module, p, name, address):
 
 
 def distribute(module, p, result):
-    own = image_id(module, p["docker"], p["tag"])[0]
+    own = image_id(module, p["docker"], p["tag"])
     if not own and module.check_mode:
         # Not built yet (check mode builds nothing): every worker would get it.
         result.update(sent=sorted(p["peers"]), changed=bool(p["peers"]))

@@ -145,11 +145,11 @@ supervisor_held:
 """
 
 import base64
-import json
 import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import docker_images
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import exists_facts as describe
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads import read_bytes, unit_properties
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.server_store import KINDS, installed_paths, load
@@ -186,22 +186,9 @@ def main():
 
     # The pull first: a moved tag is a change the run applies, like docker's own pull reports it.
     if p["pull"] and not module.check_mode:
-        rc, out, err = module.run_command([p["docker"], "pull", p["image_ref"]])
-        if rc != 0:
-            module.fail_json(msg=f"docker pull {p['image_ref']} failed: {err.strip() or out.strip()}", rc=rc,
-                             stdout=out, stderr=err)
-        result["changed"] = "Downloaded newer image" in out
-        result["pull_stdout"] = out
+        result["changed"], result["pull_stdout"] = docker_images.pull(module, p["docker"], p["image_ref"])
 
-    rc, out, err = module.run_command([p["docker"], "image", "inspect", p["image_ref"]])
-    image = {"rc": rc, "stderr": err.strip(), "Id": "", "Os": "", "Architecture": ""}
-    if rc == 0:
-        try:
-            info = (json.loads(out) or [{}])[0]
-            image.update(Id=info.get("Id") or "", Os=info.get("Os") or "", Architecture=info.get("Architecture") or "")
-        except (ValueError, IndexError, AttributeError):
-            image.update(rc=1, stderr=f"unreadable docker image inspect output: {out[:200]}")
-    result["image"] = image
+    result["image"] = docker_images.inspect(module, p["docker"], p["image_ref"])
 
     content = read_bytes(p["model_config"])
     result["model_config"] = (
