@@ -33,6 +33,10 @@ ALERT_FOR_KEYS = (
     "endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
     "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale", "fabric_without_rdma",
 )
+# A figure of the engine's /metrics in the rules and the shipped dashboard: `engine:<figure>` (a histogram's with
+# _bucket, _count or _sum), translated into the group's engine's name by its flag model's monitoring.metrics.
+ENGINE_FIGURE = re.compile(r"\bengine:([a-z0-9_]+)")
+HISTOGRAM_SERIES = ("_bucket", "_count", "_sum")
 # The supervisor's states (roles/supervisor/files/spark_llm_supervisor.py, STATES), as the node
 # collector exports them.
 SUPERVISOR_STATES = ("healthy", "probing-failed", "restarting", "waiting-for-node", "stopped", "paused", "gave-up")
@@ -245,6 +249,49 @@ def monitoring_plan(ctx):
 # --- Prometheus's configuration ----------------------------------------------------------------------
 
 
+def _engine(ctx):
+    """What the monitoring reads of the group's engine: its flag model's `monitoring`, with the engine, its label
+    and its concurrency flag (SGLang's max-running-requests, or the flag that takes that name as an alias),
+    which the runbooks name."""
+    model = ctx.get("engine")
+    if not isinstance(model, Mapping) or not isinstance((model.get("monitoring") or {}).get("metrics"), Mapping):
+        raise ValueError("the monitoring context has no engine flag model with a monitoring block: "
+                         f"{inputs.shown(model)}")
+    concurrency = next((f["name"] for f in model.get("flags") or []
+                        if "max-running-requests" in [f.get("name"), *(f.get("aliases") or [])]), "max-running-requests")
+    return {**model["monitoring"], "engine": model.get("engine"), "label": model.get("label"),
+            "concurrency_flag": concurrency}
+
+
+def engine_expression(expr, engine):
+    """`expr` with each engine:<figure> in the engine's metric name (`engine`: _engine's answer); None when the
+    engine has no such figure (its metrics map says null). A figure the map does not know is a mistake of the
+    caller, not of a site: ValueError."""
+    metrics = engine["metrics"]
+    absent = []
+
+    def name(match):
+        figure, series = match.group(1), ""
+        if figure not in metrics:
+            series = next((s for s in HISTOGRAM_SERIES if figure.endswith(s) and figure[:-len(s)] in metrics), "")
+            figure = figure[:-len(series)] if series else figure
+        if figure not in metrics:
+            raise ValueError(f"engine:{match.group(1)} is no figure of the flag models' monitoring.metrics "
+                             f"({', '.join(sorted(metrics))})")
+        if metrics[figure] is None:
+            absent.append(figure)
+            return match.group(0)
+        return f"{metrics[figure]}{series}"
+
+    out = ENGINE_FIGURE.sub(name, expr)
+    return None if absent else out
+
+
+def _scrape_sends_key(ctx):
+    return bool(_engine(ctx).get("scrape_needs_key")) and bool(_flag(ctx.get("scrape_with_api_key"))) \
+        and bool(_flag(ctx.get("api_key_set")))
+
+
 def _target_address(host, hostvars):
     return (hostvars.get(host) or {}).get("ansible_host", host)
 
@@ -288,8 +335,9 @@ def monitoring_prometheus_config(ctx, hostvars):
                 entry["scheme"] = "https"
                 if ctx.get("server_tls_ca"):
                     entry["tls_config"] = {"ca_file": paths["ca"]}
-            if _flag(ctx.get("scrape_with_api_key")) and _flag(ctx.get("api_key_set")):
-                # Read by Prometheus at each scrape: never on a command line or in this file.
+            if _scrape_sends_key(ctx):
+                # Read by Prometheus at each scrape: never on a command line or in this file. An engine whose
+                # /metrics never wants the key (vLLM's) gets none, and the monitoring host holds none.
                 entry["authorization"] = {"type": "Bearer", "credentials_file": paths["key"]}
         entry["static_configs"] = jobs[job]
         scrape.append(entry)
@@ -297,7 +345,7 @@ def monitoring_prometheus_config(ctx, hostvars):
         "global": {
             "scrape_interval": ctx.get("scrape_interval"),
             "evaluation_interval": ctx.get("evaluation_interval"),
-            # A scrape may not outlast the interval; SGLang's /metrics answers at once.
+            # A scrape may not outlast the interval; the engine's /metrics answers at once.
             "scrape_timeout": ctx.get("scrape_interval") if duration_seconds(ctx.get("scrape_interval")) <= 10
             else "10s",
         },
@@ -332,17 +380,23 @@ def monitoring_rules(ctx):
     free = _num(ctx.get("filesystem_free_percent"))
     temperature = _num(ctx.get("gpu_temperature_celsius"))
     model_dir = ctx.get("model_dir") or "the model directory"
+    engine = _engine(ctx)
+    label, prefix = engine.get("label") or "the engine", engine.get("alert_prefix") or "Engine"
+    concurrency = engine.get("concurrency_flag") or "max-running-requests"
 
     def rule(name, expr, key, severity, summary, description, runbook):  # noqa: PLR0917 - one rule's fields
-        return {"alert": name, "expr": " ".join(expr.split()), "for": _for(ctx, key),
+        translated = engine_expression(expr, engine)
+        if translated is None:
+            raise ValueError(f"the alert {name} needs a figure {label} does not serve: {expr}")
+        return {"alert": name, "expr": " ".join(translated.split()), "for": _for(ctx, key),
                 "labels": {"severity": severity, "service": "server"},
                 "annotations": {"summary": summary, "description": description, "runbook": runbook}}
 
     rules = [
-        rule("SglangEndpointDown",
+        rule(f"{prefix}EndpointDown",
              'up{job="server"} == 0',
              "endpoint_down", "critical",
-             "SGLang's endpoint on {{ $labels.node }} does not answer",
+             f"{label}'s endpoint on {{{{ $labels.node }}}} does not answer",
              "Prometheus cannot scrape {{ $labels.instance }}/metrics: the head's rank is down, starting, or "
              "unreachable from the monitoring host.",
              "Run playbooks/status.yml (every rank's state), then playbooks/doctor.yml (the cause and the inventory "
@@ -359,34 +413,34 @@ def monitoring_rules(ctx):
              "Run playbooks/doctor.yml for the cause (an OOM kill, the hybrid state cache, a peer that left), apply "
              "the inventory change it names, then playbooks/restart.yml: the ranks start together, never one alone "
              "(site.yml when the unit is missing)."),
-        rule("SglangGroupNotServing",
+        rule(f"{prefix}GroupNotServing",
              'max(spark_supervisor_probe_failures) > 0 and on() max(up{job="server"}) == 1 '
-             f'or (sum(sglang:num_running_reqs{{job="server"}}) > 0 '
-             f'and on() sum(increase(sglang:inter_token_latency_seconds_count{{job="server"}}[{stall}])) == 0 '
-             f'and on() sum(increase(sglang:time_to_first_token_seconds_count{{job="server"}}[{stall}])) == 0)',
+             f'or (sum(engine:running_requests{{job="server"}}) > 0 '
+             f'and on() sum(increase(engine:inter_token_latency_count{{job="server"}}[{stall}])) == 0 '
+             f'and on() sum(increase(engine:time_to_first_token_count{{job="server"}}[{stall}])) == 0)',
              "group_not_serving", "critical",
              "The TP group answers /health but generates nothing",
              "The supervisor's one-token generation probe fails while the endpoint answers, or requests run "
              f"without an output token for {stall}: a frozen or deadlocked rank.",
              "The supervisor restarts the whole group after supervisor_failures failed probes; without it "
              "run playbooks/restart.yml, and playbooks/doctor.yml for the rank that stalled."),
-        rule("SglangTimeToFirstTokenHigh",
-             'histogram_quantile(0.99, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket{job="server"}[5m]))) '
+        rule(f"{prefix}TimeToFirstTokenHigh",
+             'histogram_quantile(0.99, sum by (le) (rate(engine:time_to_first_token_bucket{job="server"}[5m]))) '
              f"> {ttft}",
              "ttft_high", "warning",
              "p99 time to first token is {{ $value | humanizeDuration }}",
              f"The 99th percentile time to first token over 5 minutes is above {ttft} s "
              "(monitoring_ttft_p99_seconds).",
-             "Too many concurrent or long requests for the group: choose a profile with fewer max-running-requests "
+             f"Too many concurrent or long requests for the group: choose a profile with fewer {concurrency} "
              "or a shorter context (playbooks/tune.yml, then server_profile, or server_flag_overrides), "
              "and measure with playbooks/benchmark.yml."),
-        rule("SglangQueueGrowing",
-             f'sglang:num_queue_reqs{{job="server"}} > {queue} and deriv(sglang:num_queue_reqs{{job="server"}}[10m]) > 0',
+        rule(f"{prefix}QueueGrowing",
+             f'engine:queued_requests{{job="server"}} > {queue} and deriv(engine:queued_requests{{job="server"}}[10m]) > 0',
              "queue_growing", "warning",
-             "{{ $value }} requests wait in SGLang's queue, and more keep coming",
+             f"{{{{ $value }}}} requests wait in {label}'s queue, and more keep coming",
              f"More than {queue} requests (monitoring_queue_threshold) wait for a slot and the queue grows: "
-             "clients ask more than max-running-requests serve.",
-             "Find the largest max-running-requests the group holds with playbooks/tune.yml and apply it with "
+             f"clients ask more than {concurrency} serve.",
+             f"Find the largest {concurrency} the group holds with playbooks/tune.yml and apply it with "
              "server_profile (or server_flag_overrides), or slow the clients down."),
         rule("SparkModelFilesystemFilling",
              f'spark_filesystem_avail_bytes{{purpose="model"}} / spark_filesystem_size_bytes{{purpose="model"}} * 100 '
@@ -414,7 +468,7 @@ def monitoring_rules(ctx):
              f"The GB10 on {{{{ $labels.node }}}} is above {temperature} °C "
              "(monitoring_gpu_temperature_celsius); it throttles, and the whole TP group slows with it.",
              "Check the node's airflow and power (nvidia-smi on the node); lower the load with fewer "
-             "max-running-requests (server_profile) until it cools."),
+             f"{concurrency} (server_profile) until it cools."),
         rule("SparkNodeExporterMissing",
              'up{job="node"} == 0',
              "node_exporter_missing", "warning",
@@ -450,8 +504,27 @@ def monitoring_rules(ctx):
 
 
 def monitoring_dashboard(dashboard, ctx):
-    """The shipped dashboard with the site's values in its constant variables (the fabric port)."""
+    """The shipped dashboard in the group's engine's metric names, with the site's values in its constant
+    variables (the fabric port). A query of a figure the engine does not serve is left out (vLLM has no
+    throughput gauge and no token counts of its KV cache: the panels keep the figures it has), and a panel left
+    with no query at all with it."""
+    engine = _engine(ctx)
     out = dict(dashboard)
+    panels = []
+    for given in dashboard.get("panels") or []:
+        panel = dict(given)
+        if "targets" in given:
+            targets = []
+            for target in given["targets"]:
+                expr = engine_expression(target.get("expr", ""), engine)
+                if expr is not None:
+                    targets.append({**target, "expr": expr})
+            if not targets:
+                continue
+            panel["targets"] = targets
+        panels.append(panel)
+    out["panels"] = panels
+    out["tags"] = [engine.get("engine") or "engine", *(dashboard.get("tags") or [])]
     templating = []
     for given in (dashboard.get("templating") or {}).get("list", []):
         var = dict(given)

@@ -924,8 +924,8 @@ def _check_engine(ctx, model, errors):
 
 
 def _check_deployable(ctx, model, engine, errors):
-    """What the engine needs from a site before it can serve on GB10, and the site switches it cannot serve with
-    yet: refused before any change rather than minutes into a start."""
+    """What the engine needs from a site before it can serve on GB10: refused before any change rather than
+    minutes into a start."""
     label = _label(model)
     if model.get("needs_build") and not ctx.get("server_image_build_context") and not ctx.get("server_image"):
         errors.append(
@@ -934,12 +934,26 @@ def _check_deployable(ctx, model, engine, errors):
             f"applies the fix from {label}'s recipe on top of {model.get('image')} (docs/changing-safely.md, a derived "
             "image), or server_image to an image of your own that carries it."
         )
-    for switch, why in sorted((model.get("without") or {}).items()):
-        if _as_bool(ctx.get(switch)):
-            errors.append(
-                f"{switch} = {inputs.shown(ctx.get(switch))} with {ENGINE} = {engine!r}: {' '.join(str(why).split())}. "
-                f"Fix: set {switch}: false for a {label} site (the supervisor still heals the group), or serve SGLang."
-            )
+
+
+def _check_metrics_served(ctx, model, flags, errors):
+    """With the monitoring on, the flag that turns the engine's /metrics on or off (its model's
+    monitoring.metrics_flag) must leave it serving: otherwise Prometheus scrapes an empty page and the engine's
+    alerts watch nothing, so they never fire."""
+    switch = (model.get("monitoring") or {}).get("metrics_flag")
+    if not switch or not _as_bool(ctx.get("spark_monitoring")):
+        return
+    name, value = switch["name"], flags.get(switch["name"])
+    if (value not in (None, False)) == bool(switch.get("serves")):
+        return
+    label = _label(model)
+    fix = f"remove {name!r} from {OVR} and the profile" if switch.get("serves") is False else (
+        f"set {OVR}[{name!r}]: true (or remove the override)")
+    errors.append(
+        f"{OVR}[{name!r}] = {inputs.shown(value)} with spark_monitoring = {inputs.shown(ctx.get('spark_monitoring'))}: "
+        f"{label} then serves no metrics at /metrics, so the monitoring's {label} alerts (a group that stopped "
+        f"generating, the time to first token, the queue) would never fire. Fix: {fix}, or set spark_monitoring: false."
+    )
 
 
 def server_plan(ctx, model, hostvars=None):
@@ -972,6 +986,7 @@ def server_plan(ctx, model, hostvars=None):
         ack = False
     effective, extras = _check_overrides(model, _with_profile(ctx, model, ack, errors), ack, errors)
     _check_combinations(model, effective, errors)
+    _check_metrics_served(ctx, model, {**extras, **effective}, errors)
     model_dir = _check_model_dir(ctx.get("server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
     port, dist = _check_scalars(ctx, model, errors)

@@ -9,7 +9,9 @@ generation throughput returns a number after a few requests; the GPU collector's
 and every metric a dashboard panel uses are there; the dashboard went to Grafana's HTTP API (a stand-in on this machine)
 with the token from its 0600 file; the firewall drops the exporter for all but the monitoring host; a second run
 changes nothing and posts nothing; stopping the worker's rank fires its alert through Prometheus's alerts API (polled
-for, never timed). Bad input is refused before any node is contacted, through render.yml and site.yml.
+for, never timed). Then the pair becomes a vLLM group (server.yml, monitoring.yml again): the rules speak vLLM's names,
+the scrape carries no key, and a stopped rank fires vLLM's alerts. Bad input is refused before any node is contacted,
+through render.yml and site.yml.
 """
 
 from __future__ import annotations
@@ -312,6 +314,59 @@ def test_stopping_a_rank_fires_its_alert(site):
     assert alert["labels"]["rank"] == "1" and alert["labels"]["severity"] == "critical"
     assert "playbooks/restart.yml" in alert["annotations"]["runbook"]
     assert alert["annotations"]["summary"] == f"Rank 1's spark-llm.service is not active on {worker.name}"
+
+
+# --- the same pair as a vLLM group ----------------------------------------------------------------------------
+
+# An image of the site's own that carries vLLM's recipe fix for GB10: the registry serves it to both nodes.
+VLLM_IMAGE = "spark/vllm-glm53:sm121"
+
+
+def test_a_vllm_group_is_scraped_under_vllms_names_and_a_stopped_rank_fires_its_alerts(site):
+    """The pair switched to vLLM (server.yml) and its monitoring run again: the rules and the scrape follow the
+    group's engine, the generation counter moves under vLLM's name, and stopping the head's rank fires the
+    rank's alert and vLLM's endpoint alert. vLLM's /metrics answers without the key, so the scrape sends none and
+    the monitoring host no longer holds it."""
+    head, worker = site.nodes
+    for n in site.nodes:
+        sim.set_knobs(site.instance, n.name, {"docker": {"registry": {VLLM_IMAGE: {"vllm": {"sparse_mla_sm121": True}}}},
+                                              "vllm": {"load_seconds": 0.2, "token_seconds": 0.01}})
+    vllm = {**site.runs["extravars"], "spark_engine": "vllm", "server_image": VLLM_IMAGE}
+    server = run_playbook("playbooks/server.yml", site.inventory, extravars=vllm)
+    assert server.rc == 0, server.failure_messages() or server.stdout[-4000:]
+    deploy = run_playbook(MONITORING, site.inventory, extravars=vllm)
+    assert deploy.rc == 0, deploy.failure_messages() or deploy.stdout[-4000:]
+
+    rules = [r for g in prometheus(site, "rules")["groups"] for r in g["rules"]]
+    names = {r["name"] for r in rules}
+    assert {"VllmEndpointDown", "VllmGroupNotServing", "VllmTimeToFirstTokenHigh", "VllmQueueGrowing"} <= names
+    assert not [n for n in names if n.startswith("Sglang")], names
+    queries = "\n".join(r["query"] for r in rules)
+    assert "vllm:num_requests_running" in queries and "vllm:num_requests_waiting" in queries
+    assert "sglang:" not in queries
+    config = sh(worker, f"cat {CONFIG_DIR}/prometheus.yml")
+    assert "credentials_file" not in config, config
+    assert sh(worker, f"ls {CONFIG_DIR}").split() == ["alerts.yml", "prometheus.yml"]
+
+    for _ in range(2):
+        assert generate(site, timeout=30)
+    wait_for(lambda: [r for r in value(site, 'sum(vllm:generation_tokens_total{job="server"})') if r[1] > 0],
+             "vLLM's generation tokens counted in Prometheus", 60)
+    (up,) = value(site, 'up{job="server"}')
+    assert up[1] == 1.0
+
+    sh(head, "systemctl stop spark-llm.service")
+
+    def firing():
+        alerts = [a for a in prometheus(site, "alerts")["alerts"] if a["state"] == "firing"]
+        found = {a["labels"]["alertname"]: a for a in alerts
+                 if a["labels"]["alertname"] == "VllmEndpointDown"
+                 or (a["labels"]["alertname"] == "SparkRankUnitNotActive" and a["labels"].get("node") == head.name)}
+        return found if len(found) == 2 else None
+
+    found = wait_for(firing, "VllmEndpointDown and the head's SparkRankUnitNotActive firing", 120)
+    assert found["VllmEndpointDown"]["annotations"]["summary"] == f"vLLM's endpoint on {head.name} does not answer"
+    assert found["SparkRankUnitNotActive"]["labels"]["rank"] == "0"
 
 
 # --- refused before any node is contacted -------------------------------------------------------------------

@@ -27,7 +27,7 @@ import pytest
 
 from tests.lib.playbook import REPO
 from tests.lib.prometheus_tools import node_exporter, parse_exposition, promtool, sample
-from tests.lib.roles import filter_plugin
+from tests.lib.roles import filter_plugin, flag_model
 from tests.lib.seed import DEFAULT_FLAGS, flatten
 
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
@@ -393,10 +393,12 @@ def test_every_metric_a_dashboard_panel_uses_exists(tmp_path, standin):
     names |= {name for name, _, _ in collect(tmp_path, "--supervisor-state-dir", str(state),
                                              "--fabric-record", str(record))["samples"]}
     names |= exporter_names(tmp_path, tmp_path / "textfile")
-    rules = filter_plugin("monitoring").monitoring_rules({
-        "ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10, "gpu_temperature_celsius": 85})
+    monitoring, engine = filter_plugin("monitoring"), flag_model("sglang")
+    rules = monitoring.monitoring_rules({"ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10,
+                                         "gpu_temperature_celsius": 85, "engine": engine})
     rule_names = set().union(*(promql_metrics(r["expr"]) for r in rules["groups"][0]["rules"]))
-    dashboard = json.loads(DASHBOARD.read_text())
+    # The dashboard as the role ships it to an SGLang group (tests/unit/test_monitoring_engines.py: vLLM's).
+    dashboard = monitoring.monitoring_dashboard(json.loads(DASHBOARD.read_text()), {"engine": engine})
     used = {}
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):

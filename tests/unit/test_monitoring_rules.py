@@ -17,7 +17,7 @@ import yaml
 
 from tests.lib.playbook import REPO
 from tests.lib.prometheus_tools import promtool
-from tests.lib.roles import action_plugin, filter_plugin, role_defaults
+from tests.lib.roles import action_plugin, filter_plugin, flag_model, role_defaults
 
 FILTER = filter_plugin("monitoring")
 REPORTS = action_plugin("monitoring_reports")
@@ -35,7 +35,7 @@ def ctx(tmp_path: Path, **changes) -> dict:
         host="spark-0", monitoring=True, monitor="spark-0", monitor_host_setting="", monitor_group="spark_monitor",
         monitor_candidates=[], inventory_hosts=[*NODES, "mon-0"], head="spark-0", nodes=NODES,
         unit="spark-llm.service", model_dir="/opt/models/glm53", fabric_interface="enp1s0f1np1", ssh_port=22,
-        api_key_set=True, grafana_token_file=str(tmp_path / "grafana_token"),
+        api_key_set=True, grafana_token_file=str(tmp_path / "grafana_token"), engine=flag_model("sglang"),
         paths={"config": str(tmp_path / "prometheus.yml"), "rules": str(tmp_path / "alerts.yml"),
                "key": str(tmp_path / "spark_llm_api_key"), "ca": str(tmp_path / "spark-llm-ca.crt")},
     )
@@ -86,15 +86,24 @@ def case(rules, alert, inputs, eval_time, *, fired=(), quiet_at=None):
     return {"interval": "1m", "input_series": inputs, "alert_rule_test": tests}
 
 
-def rule_cases(rules):
+# The labels each engine puts on its series: SGLang's scheduler gauges carry its engine type and ranks, vLLM's
+# every series its engine index.
+ENGINE_LABELS = {"sglang": {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}, "vllm": {"engine": "0"}}
+
+
+def rule_cases(rules, engine="sglang"):
+    """The cases of every rule, the engine's series under the names its flag model gives each figure."""
+    figure = flag_model(engine)["monitoring"]["metrics"]
+    prefix = flag_model(engine)["monitoring"]["alert_prefix"]
+    gauge_labels = ENGINE_LABELS[engine]
     unit_state = {**WORKER_NODE, "name": "spark-llm.service", "state": "active", "type": "simple"}
-    sglang = {"job": "server", "instance": HEAD_SGLANG["instance"], "model_name": "/models/glm53"}
-    bucket = "sglang:time_to_first_token_seconds_bucket"
+    served = {"job": "server", "instance": HEAD_SGLANG["instance"], "model_name": "/models/glm53"}
+    bucket = f"{figure['time_to_first_token']}_bucket"
     return [
         # The endpoint stops answering: fires once it has been down for the window, not before.
-        case(rules, "SglangEndpointDown", [series("up", HEAD_SGLANG, "1 1 0 0 0 0 0")], "6m",
+        case(rules, f"{prefix}EndpointDown", [series("up", HEAD_SGLANG, "1 1 0 0 0 0 0")], "6m",
              fired=[(HEAD_SGLANG, "0")], quiet_at="3m"),
-        case(rules, "SglangEndpointDown", [series("up", HEAD_SGLANG, "1x10")], "10m"),
+        case(rules, f"{prefix}EndpointDown", [series("up", HEAD_SGLANG, "1x10")], "10m"),
         # The worker's rank unit goes inactive; the head's stays active.
         case(rules, "SparkRankUnitNotActive",
              [series("node_systemd_unit_state", unit_state, "1 1 0 0 0 0 0"),
@@ -105,35 +114,35 @@ def rule_cases(rules):
         # An exporter that answers without the rank's unit (never installed, or removed).
         case(rules, "SparkRankUnitNotActive", [series("up", HEAD_NODE, "1x10")], "5m", fired=[(HEAD_NODE, "1")]),
         # The supervisor's generation probe fails while /health (the scrape) answers.
-        case(rules, "SglangGroupNotServing",
+        case(rules, f"{prefix}GroupNotServing",
              [series("spark_supervisor_probe_failures", {**HEAD_NODE}, "0 0 1 2 2 2 2"),
               series("up", HEAD_SGLANG, "1x10")],
              "6m", fired=[({}, "1")], quiet_at="2m"),
         # Without a supervisor: requests run and no token comes out for the stall window.
-        case(rules, "SglangGroupNotServing",
-             [series("sglang:num_running_reqs", {**sglang, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"},
+        case(rules, f"{prefix}GroupNotServing",
+             [series(figure["running_requests"], {**served, **gauge_labels},
                      "1x20"),
-              series("sglang:inter_token_latency_seconds_count", sglang, "0+5x3 15x16"),
-              series("sglang:time_to_first_token_seconds_count", sglang, "0+1x3 3x16"),
+              series(f"{figure['inter_token_latency']}_count", served, "0+5x3 15x16"),
+              series(f"{figure['time_to_first_token']}_count", served, "0+1x3 3x16"),
               series("up", HEAD_SGLANG, "1x20")],
              "12m", fired=[({}, "1")], quiet_at="5m"),
         # p99 of the time to first token between 10 and 20 s, above the 10 s threshold; then fast again.
-        case(rules, "SglangTimeToFirstTokenHigh",
-             [series(bucket, {**sglang, "le": "10.0"}, "0x20"), series(bucket, {**sglang, "le": "20.0"}, "0+10x20"),
-              series(bucket, {**sglang, "le": "+Inf"}, "0+10x20")],
+        case(rules, f"{prefix}TimeToFirstTokenHigh",
+             [series(bucket, {**served, "le": "10.0"}, "0x20"), series(bucket, {**served, "le": "20.0"}, "0+10x20"),
+              series(bucket, {**served, "le": "+Inf"}, "0+10x20")],
              "10m", fired=[({}, "19.9s")]),
-        case(rules, "SglangTimeToFirstTokenHigh",
-             [series(bucket, {**sglang, "le": "1.0"}, "0+10x20"), series(bucket, {**sglang, "le": "+Inf"}, "0+10x20")],
+        case(rules, f"{prefix}TimeToFirstTokenHigh",
+             [series(bucket, {**served, "le": "1.0"}, "0+10x20"), series(bucket, {**served, "le": "+Inf"}, "0+10x20")],
              "10m"),
         # The queue grows past the threshold.
-        case(rules, "SglangQueueGrowing",
-             [series("sglang:num_queue_reqs", {**sglang, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"},
+        case(rules, f"{prefix}QueueGrowing",
+             [series(figure["queued_requests"], {**served, **gauge_labels},
                      "0+1x20")],
-             "10m", fired=[({**sglang, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}, "10")],
+             "10m", fired=[({**served, **gauge_labels}, "10")],
              quiet_at="4m"),
         # A queue above the threshold that drains does not page.
-        case(rules, "SglangQueueGrowing",
-             [series("sglang:num_queue_reqs", {**sglang, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"},
+        case(rules, f"{prefix}QueueGrowing",
+             [series(figure["queued_requests"], {**served, **gauge_labels},
                      "20-1x15")],
              "10m"),
         case(rules, "SparkModelFilesystemFilling",
@@ -168,10 +177,11 @@ def rule_cases(rules):
     ]
 
 
-def test_every_alert_rule_fires_on_its_fault_and_not_otherwise(tmp_path):
-    rules = FILTER.monitoring_rules(ctx(tmp_path, **RULES_CTX))["groups"][0]["rules"]
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_alert_rule_fires_on_its_fault_and_not_otherwise(tmp_path, engine):
+    rules = FILTER.monitoring_rules(ctx(tmp_path, **RULES_CTX, engine=flag_model(engine)))["groups"][0]["rules"]
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, sort_keys=False))
-    cases = rule_cases(rules)
+    cases = rule_cases(rules, engine)
     tested = {t["alertname"] for c in cases for t in c["alert_rule_test"] if t["exp_alerts"]}
     assert tested == {r["alert"] for r in rules}, "every rule needs a case where it fires"
     (tmp_path / "alerts_test.yml").write_text(yaml.safe_dump(
@@ -214,7 +224,7 @@ def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_p
 # --- the configuration and the rules with the role's defaults ------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["defaults", "tls-and-key", "monitor-outside-the-group", "no-key"])
+@pytest.mark.parametrize("variant", ["defaults", "tls-and-key", "monitor-outside-the-group", "no-key", "vllm"])
 def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     changes = {
         "defaults": {},
@@ -222,6 +232,8 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
                         "alertmanagers": ["10.0.0.5:9093"], "allowed_clients": ["10.0.0.0/24"]},
         "monitor-outside-the-group": {"monitor": "mon-0"},
         "no-key": {"api_key_set": False},
+        # vLLM's /metrics answers without the key, which the site has: the scrape neither sends nor needs it.
+        "vllm": {"engine": flag_model("vllm")},
     }[variant]
     c = ctx(tmp_path, **changes)
     (tmp_path / "spark_llm_api_key").write_text("k" * 48)
@@ -239,7 +251,7 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     assert targets["10.0.0.11:9100"] == {"node": "spark-1", "rank": "1", "role": "worker"}
     assert "10.0.0.10:30000" in jobs["server"]["static_configs"][0]["targets"]
     sglang = jobs["server"]
-    if variant == "no-key":
+    if variant in ("no-key", "vllm"):
         assert "authorization" not in sglang
     else:
         # The key is read from its file at each scrape: the configuration holds only the file's name.

@@ -264,30 +264,48 @@ def test_an_unknown_engine_is_refused_alone_with_the_engines_there_are():
     assert result["args"] == []
 
 
-def test_a_vllm_deployment_needs_the_kernel_fix_and_no_monitoring_yet(tmp_path):
+def test_a_vllm_deployment_needs_the_kernel_fix_and_may_be_monitored(tmp_path):
     result = FILTER.server_plan(vctx(server_render_only=False, spark_monitoring=True), VLLM)
-    assert len(result["errors"]) == 2, result["errors"]
-    build, monitoring = result["errors"]
+    assert len(result["errors"]) == 1, result["errors"]
+    (build,) = result["errors"]
     for fragment in ("spark_engine = 'vllm' with server_image and server_image_build_context empty",
                      "lacks the seed's sparse-MLA kernel fix for GB10 (sm_121)", "cudaErrorNoKernelImageForDevice",
                      "Fix: set server_image_build_context to a build context that applies the fix from vLLM's recipe "
                      "on top of vllm/vllm-openai:glm51-cu130", "or server_image to an image of your own"):
         assert fragment in build, build
-    for fragment in ("spark_monitoring = true with spark_engine = 'vllm'", "know SGLang's metric names only",
-                     "Fix: set spark_monitoring: false for a vLLM site"):
-        assert fragment in monitoring, monitoring
-    # The site's own image, or a build on top of vLLM's, and no monitoring: deployed.
-    assert FILTER.server_plan(vctx(server_render_only=False, spark_monitoring=False,
-                                   server_image="registry.example/vllm-gb10:0.19.1"), VLLM)["errors"] == []
+    # The site's own image, or a build on top of vLLM's, with the monitoring on or off: deployed.
+    for monitoring in (True, False):
+        assert FILTER.server_plan(vctx(server_render_only=False, spark_monitoring=monitoring,
+                                       server_image="registry.example/vllm-gb10:0.19.1"), VLLM)["errors"] == []
     context = tmp_path / "fix"
     context.mkdir()
     (context / "Dockerfile").write_text("ARG SPARK_BASE_IMAGE\nFROM ${SPARK_BASE_IMAGE}\n")
     pins = {"Dockerfile": hashlib.sha256((context / "Dockerfile").read_bytes()).hexdigest()}
-    built = FILTER.server_plan(vctx(server_render_only=False, spark_monitoring="false", server_image_build_context=str(context),
+    built = FILTER.server_plan(vctx(server_render_only=False, spark_monitoring="true", server_image_build_context=str(context),
                                     server_image_build_sha256=pins), VLLM)
     assert built["errors"] == [] and built["args"][0] == "/models/glm53"
     # A render needs neither: it writes files, it starts nothing.
     assert FILTER.server_plan(vctx(spark_monitoring=True), VLLM)["errors"] == []
+
+
+@pytest.mark.parametrize(("engine", "override"), [("vllm", {"disable-log-stats": True}),
+                                                  ("sglang", {"enable-metrics": False}),
+                                                  ("sglang", {"enable-metrics": None})])
+def test_the_monitoring_refuses_an_engine_whose_metrics_are_turned_off(engine, override):
+    """vLLM serves /metrics unless --disable-log-stats, SGLang only with --enable-metrics: with the monitoring on,
+    an override that empties /metrics would leave the engine's alerts blind, so it is refused; monitoring off, not."""
+    model, context = (VLLM, vctx) if engine == "vllm" else (SGLANG, ctx)
+    (name,) = override
+    errors = FILTER.server_plan(context(spark_monitoring=True, server_flag_overrides=override), model)["errors"]
+    assert len(errors) == 1, errors
+    for fragment in (f"server_flag_overrides[{name!r}] = ", "with spark_monitoring = true",
+                     f"{model['label']} then serves no metrics at /metrics", "would never fire", "Fix: ",
+                     "or set spark_monitoring: false"):
+        assert fragment in errors[0], errors[0]
+    assert FILTER.server_plan(context(spark_monitoring=False, server_flag_overrides=override), model)["errors"] == []
+    # The switch the other way is the engine's default, and passes.
+    kept = {"disable-log-stats": False} if engine == "vllm" else {"enable-metrics": True}
+    assert FILTER.server_plan(context(spark_monitoring=True, server_flag_overrides=kept), model)["errors"] == []
 
 
 def test_render_only_changes_nothing_for_sglang_and_must_be_a_boolean():

@@ -12,7 +12,8 @@ exporter's textfile collector serves:
   A field the driver does not know at all (exit 2, "... is not a valid field to query") is dropped and
   the query asked again without it.
 - the processes holding the GPU (`--query-compute-apps`), and whether one of them is the rank's
-  (its command line names sglang);
+  (its command line names the engine, --rank-process: sglang, or vllm; either case, as the engines' process
+  titles write it);
 - free and total bytes of the model directory's filesystem and of the root filesystem (statvfs: no
   guess of which mount holds the directory; a directory that does not exist yet is measured at its
   nearest existing parent, where it will be);
@@ -107,7 +108,7 @@ def query_gpus(nvidia_smi):
     return [], unknown, "no field left to query"
 
 
-def rank_processes(nvidia_smi):
+def rank_processes(nvidia_smi, process):
     """(count of GPU processes per GPU uuid, whether one is the rank's)."""
     rc, out, dummy = run([nvidia_smi, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"])
     per_gpu, rank = {}, False
@@ -123,16 +124,16 @@ def rank_processes(nvidia_smi):
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        rank = rank or "sglang" in cmdline
+        rank = rank or process.lower() in cmdline.lower()
     return per_gpu, rank
 
 
-def gpu_metrics(expo, nvidia_smi):
+def gpu_metrics(expo, nvidia_smi, process):
     rows, unknown, error = query_gpus(nvidia_smi)
     expo.add("spark_gpu_query_success", "1 when nvidia-smi answered the GPU query.", 0 if error else 1)
     if error:
         expo.add("spark_gpu_query_error", "The first line nvidia-smi printed when it failed.", 1, {"error": error[:200]})
-    per_gpu, rank = rank_processes(nvidia_smi)
+    per_gpu, rank = rank_processes(nvidia_smi, process)
     for row in rows:
         gpu = {"gpu": row.get("index", "?")}
         expo.add("spark_gpu_info", "The GPU, its name, UUID and driver.", 1,
@@ -317,12 +318,13 @@ def main(argv):
                    help="a fabric rail's port, whose RDMA ports are counted (repeated: one per rail; none: not counted)")
     p.add_argument("--rdma-class", default="/sys/class/infiniband")
     p.add_argument("--fabric-record", default="", help="the fabric proof's record of its last figures (the head's)")
+    p.add_argument("--rank-process", default="sglang", help="a word of the rank's command line: the engine's name")
     p.add_argument("--no-gpu", action="store_true", help="a node without the rank's GPU (the monitoring host)")
     p.add_argument("--stdout", action="store_true", help="print instead of writing the textfile")
     args = p.parse_args(argv)
     expo = Exposition()
     if not args.no_gpu:
-        gpu_metrics(expo, args.nvidia_smi)
+        gpu_metrics(expo, args.nvidia_smi, args.rank_process)
     filesystem_metrics(expo, "model", args.model_dir)
     filesystem_metrics(expo, "root", "/")
     if args.supervisor_state_dir:
