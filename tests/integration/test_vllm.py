@@ -5,7 +5,8 @@ refused before any change; site.yml from scratch with vLLM on a derived image th
 head, given to the worker over the fabric), verified; a second run that changes nothing; a killed and a frozen
 worker rank healed by the supervisor; status; a change to vLLM's upstream image, which cannot start on GB10, going
 back by itself to the configuration that served; an upgrade of the base, the fix built again before any rank
-stops; a switch to SGLang and back to vLLM, each verified; uninstall. The monitoring stays off: this version
+stops; a switch to SGLang and back to vLLM, each verified; a short benchmark on vLLM's --max-num-seqs and a tune of
+one candidate that vLLM's KV cache refuses, ending on what ran before; uninstall. The monitoring stays off: this version
 refuses it for vLLM (it knows SGLang's metric names only), which the first test shows.
 """
 
