@@ -1,6 +1,7 @@
 """The benchmark role's input checks and plan: which levels, prompt sizes and request counts.
 
-Pure functions of the role's settings (and of the launch arguments the head runs with), so that
+Pure functions of the role's settings (and of the launch arguments the head runs with, read by the
+engine's flag model), so that
 every problem is reported before any request is sent, each naming the variable, the value, why
 and the fix.
 """
@@ -15,6 +16,11 @@ import re
 
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.benchmark_reports import compare_problem
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
+    CAPACITY_ROLES,
+    capacity_flag,
+    launch_flags,
+)
 
 PROMPTS = ("short", "medium", "long")
 URL = re.compile(r"^https?://[^/@\s]+(:[0-9]+)?/?$")
@@ -55,16 +61,10 @@ def benchmark_problems(s):
     def bad(var, why, fix):
         problems.append(f"benchmark_{var} = {inputs.shown(s.get(var))}: {why}. Fix: {fix}.")
 
-    engine = s.get("engine", "sglang")
-    if engine != "sglang":
-        return [f"spark_engine = {engine!r}: the benchmark reads SGLang's max-running-requests and launch arguments "
-                "for its load levels only in this version. Fix: measure with your own client for now (the endpoint "
-                "is OpenAI-compatible)."]
-
     why = concurrency_problem(s.get("concurrency"))
     if why:
         bad("concurrency", why, "give a strictly increasing list of positive whole numbers, e.g. [1, 2, 4, 5], or auto "
-            "(1, 2, 4, ... up to max-running-requests and one beyond)")
+            "(1, 2, 4, ... up to the server's concurrency cap and one beyond)")
     prompts = s.get("prompts")
     if not isinstance(prompts, (list, tuple)) or not prompts or any(p not in PROMPTS for p in prompts) \
             or len(set(prompts)) != len(prompts):
@@ -110,16 +110,11 @@ def _server_args(slurped):
         args = json.loads(base64.b64decode(slurped["content"]).decode())
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return {}
-    out = {}
-    for i, token in enumerate(args):
-        if isinstance(token, str) and token.startswith("--"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            out[token[2:]] = nxt if isinstance(nxt, str) and not nxt.startswith("--") else True
-    return out
+    return launch_flags(args)
 
 
 def auto_levels(limit):
-    """1, 2, 4, ... below max-running-requests, then max-running-requests, then one beyond (queueing)."""
+    """1, 2, 4, ... below the concurrency cap, then the cap, then one beyond (queueing)."""
     levels = []
     n = 1
     while n < limit:
@@ -128,16 +123,20 @@ def auto_levels(limit):
     return levels + [limit, limit + 1]
 
 
-def benchmark_cells(s, slurped=None):
-    """The plan: server settings, levels and, per prompt size and level, the requests to send."""
+def benchmark_cells(s, slurped, model):
+    """The plan: server settings, levels and, per prompt size and level, the requests to send.
+
+    The context and the concurrency cap are the engine's flags in what the head runs (`model`, the site's
+    flag model: SGLang's context-length and max-running-requests, vLLM's max-model-len and max-num-seqs)."""
     args = _server_args(slurped)
     problems = []
-    context = _count(s.get("context_length")) or _count(args.get("context-length"))
-    limit = _count(s.get("max_running_requests")) or _count(args.get("max-running-requests"))
+    ctx_name, cap_name = (capacity_flag(model, role)["name"] for role in CAPACITY_ROLES)
+    context = _count(s.get("context_length")) or _count(args.get(ctx_name))
+    limit = _count(s.get("max_running_requests")) or _count(args.get(cap_name))
     if not context or not limit:
         where = (slurped or {}).get("source") or "the head's server-args.json"
-        reason = (slurped or {}).get("msg") or "it names no --context-length or --max-running-requests"
-        problems.append(f"the server's context-length and max-running-requests are unknown: {where} could not be read "
+        reason = (slurped or {}).get("msg") or f"it names no --{ctx_name} or --{cap_name}"
+        problems.append(f"the server's {ctx_name} and {cap_name} are unknown: {where} could not be read "
                         f"({str(reason).strip()}). Fix: deploy with playbooks/server.yml, or set "
                         "benchmark_context_length and benchmark_max_running_requests to the server's values.")
         return {"problems": problems, "cells": []}
@@ -149,7 +148,7 @@ def benchmark_cells(s, slurped=None):
         if sizes[prompt] < 1 or sizes[prompt] + max_tokens >= context:
             var = "long_fraction" if prompt == "long" else f"{prompt}_tokens"
             problems.append(f"benchmark_{var}: a {prompt} prompt of {sizes[prompt]} tokens plus "
-                            f"benchmark_max_tokens {max_tokens} does not fit the server's context-length {context}. "
+                            f"benchmark_max_tokens {max_tokens} does not fit the server's {ctx_name} {context}. "
                             "Fix: a smaller prompt or fewer output tokens.")
     recall = None
     if s.get("recall"):
@@ -158,7 +157,7 @@ def benchmark_cells(s, slurped=None):
         tokens = min(int(context * float(s["recall_fraction"])), int(context * 0.98) - recall_max)
         if tokens < 200:
             problems.append(f"benchmark_recall_max_tokens = {recall_max}: leaves no room for the recall prompt in "
-                            f"context-length {context}. Fix: fewer tokens, or benchmark_recall: false.")
+                            f"{ctx_name} {context}. Fix: fewer tokens, or benchmark_recall: false.")
         recall = {"prompt_tokens": tokens, "max_tokens": recall_max,
                   "depths": [float(d) for d in s["recall_depths"]]}
     cells = []
@@ -177,7 +176,7 @@ def benchmark_cells(s, slurped=None):
         cell["n"] = n
         cell["file"] = f"level-{n:03d}.json"
     return {"problems": problems, "cells": cells, "levels": levels, "context_length": context,
-            "max_running_requests": limit, "recall": recall,
+            "max_running_requests": limit, "flags": {"context": ctx_name, "concurrency": cap_name}, "recall": recall,
             "compare": os.path.abspath(os.path.expanduser(s["compare"])) if s.get("compare") else "",
             "requests": sum(c["requests"] for c in cells)}
 

@@ -1,51 +1,77 @@
 """The tune role's search for the capacity frontier, its input checks and its results.
 
-For each context length the largest max-running-requests with which the group starts and answers
-the verify questions. Two facts prune the search: a fit at N implies a fit at N-1 (and at every
-shorter context), a failure at N implies a failure at N+1 (and at every longer context). Within a
-context the search doubles from what is known to fit until something fails, then bisects; a
-shorter context's frontier predicts the next one's (the hybrid state cache grows with context x
-requests), so a good guess is tried first and its neighbour above confirms it.
+For each context length the largest concurrency with which the group starts and answers the verify
+questions. Two facts prune the search: a fit at N implies a fit at N-1 (and at every shorter context),
+a failure at N implies a failure at N+1 (and at every longer context). Within a context the search
+doubles from what is known to fit until something fails, then bisects; a shorter context's frontier
+predicts the next one's (the per-request state grows with context x requests), so a good guess is tried
+first and its neighbour above confirms it.
+
+The two flags it varies are the engine's (the flag model's `capacity: context` and `capacity:
+concurrency` flags: SGLang's context-length and max-running-requests, vLLM's max-model-len and
+max-num-seqs), and so is what a start too large looks like (the model's `start_failures`). The profiles
+it writes name them by the name every engine's model accepts, so one file serves either engine.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import re
 
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
+    CAPACITY_ROLES as ROLES,
+)
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
+    capacity_flag as _capacity,
+)
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
+    flag_names as _names,
+)
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
+    launch_flags,
+)
 
-TUNED = ("context-length", "max-running-requests")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-# What a start that does not fit looks like (deployment-facts.md and SGLang's memory errors).
-CAPACITY = (
-    ("Hybrid (mamba/linear-attention) state cache is too small",
-     "the hybrid (mamba/linear-attention) state cache does not hold it"),
-    ("CUDA out of memory", "CUDA out of memory"),
-    ("torch.OutOfMemoryError", "CUDA out of memory"),
-    ("Not enough memory", "not enough memory for the KV cache"),
-    ("OOMKilled", "the container was killed for memory (OOM)"),
-    ("status=137", "the rank was killed (exit 137: out of memory)"),
+# A start too large for the memory looks the same under every engine here: torch's and the container's.
+# Each engine's own messages are its flag model's start_failures.
+OUT_OF_MEMORY = (
+    {"match": "CUDA out of memory", "reason": "CUDA out of memory"},
+    {"match": "torch.OutOfMemoryError", "reason": "CUDA out of memory"},
+    {"match": "OOMKilled", "reason": "the container was killed for memory (OOM)"},
+    {"match": "status=137", "reason": "the rank was killed (exit 137: out of memory)"},
 )
 
 
-def _flag(model, name):
-    return next((f for f in (model or {}).get("flags", []) if f.get("name") == name), {})
+def tune_flags(model):
+    """{context, concurrency}: the engine's own names of the two flags the tune varies."""
+    return {role: _capacity(model, role)["name"] for role in ROLES}
+
+
+def tune_profile_keys(models):
+    """{context, concurrency}: the name each engine's model takes for that flag (its name or an alias), so a
+    profile the tune writes for one engine deploys on the other."""
+    keys = {}
+    for role in ROLES:
+        specs = [_capacity(m, role) for m in (models or {}).values()]
+        common = set(_names(specs[0])).intersection(*(_names(s) for s in specs[1:]))
+        if not common:
+            raise ValueError(f"no name of the {role} flag is known to every engine's flag model: "
+                             f"{[_names(s) for s in specs]}; give one an alias")
+        # The first engine's own spelling where it is common (the seed's names), else the first alias in common.
+        keys[role] = next(n for n in _names(specs[0]) if n in common)
+    return keys
 
 
 def tune_problems(s, model):
     """Every problem of the tune's settings, before any restart. `model` is spark_flag_model."""
     problems = []
-    engine = (model or {}).get("engine", "sglang")
-    if engine != "sglang":
-        # Its trials restart the group with SGLang's capacity flags and read SGLang's start-up lines.
-        return [f"spark_engine = {engine!r}: the tuner varies SGLang's context-length and max-running-requests only in "
-                f"this version. Fix: set max-model-len and max-num-seqs in server_flag_overrides (or a profile in "
-                f"server_profiles, whose SGLang names apply to {(model or {}).get('label', engine)}'s flags) and run "
-                "playbooks/server.yml."]
-    ctx_flag, req_flag = _flag(model, "context-length"), _flag(model, "max-running-requests")
+    ctx_flag, req_flag = _capacity(model, "context"), _capacity(model, "concurrency")
+    ctx_name, req_name, label = ctx_flag["name"], req_flag["name"], model.get("label", model.get("engine"))
     window = int(ctx_flag.get("max", 1048576))
     low = int(ctx_flag.get("min", 1024))
     contexts = s.get("contexts")
@@ -61,19 +87,19 @@ def tune_problems(s, model):
             above = [n for n in numbers if n > window]
             if above:
                 problems.append(f"tune_contexts = {inputs.shown(contexts)}: {', '.join(map(str, above))} is above the model's "
-                                f"window of {window} tokens (the flag model's context-length maximum): SGLang would refuse "
+                                f"window of {window} tokens (the flag model's {ctx_name} maximum): {label} would refuse "
                                 f"the start. Fix: drop it, or cap the list at {window}.")
             below = [n for n in numbers if n < low]
             if below:
                 problems.append(f"tune_contexts = {inputs.shown(contexts)}: {', '.join(map(str, below))} is below "
-                                f"context-length's minimum of {low}. Fix: drop it.")
+                                f"{ctx_name}'s minimum of {low}. Fix: drop it.")
             if any(b <= a for a, b in zip(numbers, numbers[1:], strict=False)):
                 problems.append(f"tune_contexts = {inputs.shown(contexts)}: not strictly increasing. Fix: list each "
                                 "context length once, shortest first.")
     cap = _count(s.get("max_requests"))
     high = int(req_flag.get("max", 64))
     if cap is None or not 1 <= cap <= high:
-        problems.append(f"tune_max_requests = {inputs.shown(s.get('max_requests'))}: the most max-running-requests to try "
+        problems.append(f"tune_max_requests = {inputs.shown(s.get('max_requests'))}: the most {req_name} to try "
                         f"must be a whole number from 1 to {high} (the flag model's range). Fix: e.g. {high}.")
     apply = s.get("apply") or ""
     if apply and (not isinstance(apply, str) or not NAME.match(apply)):
@@ -82,18 +108,44 @@ def tune_problems(s, model):
     return problems
 
 
-def tune_base(profile, profiles, overrides):
-    """The inventory's flags without the two the tune varies: the selected profile beneath the overrides."""
+def _selected(profile, profiles, overrides):
+    """The inventory's flags: the selected profile beneath the overrides."""
     flags = dict(((profiles or {}).get(profile) or {}) if profile not in (None, "", "default") else {})
     flags.update(overrides or {})
-    return {k: v for k, v in flags.items() if k not in TUNED}
+    return flags
+
+
+def tune_base(profile, profiles, overrides, model):
+    """The inventory's flags without the two the tune varies, under any of their names."""
+    varied = {n for role in ROLES for n in _names(_capacity(model, role))}
+    return {k: v for k, v in _selected(profile, profiles, overrides).items() if k not in varied}
 
 
 def tune_effective(profile, profiles, overrides, model):
-    """(context-length, max-running-requests) the inventory deploys: overrides, else the profile, else the seed."""
-    flags = dict(((profiles or {}).get(profile) or {}) if profile not in (None, "", "default") else {})
-    flags.update(overrides or {})
-    return [_count(flags.get(name, _flag(model, name).get("default"))) for name in TUNED]
+    """[context, concurrency] the inventory deploys: overrides, else the profile, else the seed."""
+    flags = _selected(profile, profiles, overrides)
+    point = []
+    for role in ROLES:
+        spec = _capacity(model, role)
+        given = [flags[n] for n in _names(spec) if n in flags]
+        point.append(_count(given[0] if given else spec.get("default")))
+    return point
+
+
+def tune_candidate(base, context, requests, model):
+    """The server_flag_overrides of one candidate: the inventory's other flags and the two, by the engine's names."""
+    names = tune_flags(model)
+    return {**(base or {}), names["context"]: int(context), names["concurrency"]: int(requests)}
+
+
+def tune_args_point(content, model):
+    """[context, concurrency] of a rank's server-args.json (slurped, base64), None for a flag it lacks."""
+    try:
+        args = json.loads(base64.b64decode(content or "").decode() or "[]")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        args = []
+    flags = launch_flags(args)
+    return [_count(flags.get(_capacity(model, role)["name"])) for role in ROLES]
 
 
 def tune_base_id(base, image, revision):
@@ -158,21 +210,31 @@ def tune_next(trials, contexts, cap):
     return {"done": pick is None, "frontier": frontier, "left": left, **(pick or {})}
 
 
-def tune_failure(journals, failed_task, failed_msg):
+def tune_failure(journals, failed_task, failed_msg, model):
     """{fits: False, capacity: bool, reason} for a candidate that did not start or did not answer.
 
     `journals` is the looped journalctl result of every rank since the trial began. Only a start that
-    failed the way too large a configuration fails (the hybrid state cache, memory) or a group that
-    started but failed verify counts against the candidate; anything else stops the tune.
+    failed the way too large a configuration fails (the engine's own messages, memory) or a group that
+    started but failed verify counts against the candidate; anything else stops the tune, a failure the
+    engine's model knows as no candidate's with its fix.
     """
     texts = []
     for r in (journals or {}).get("results", []):
         texts.append(str(r.get("stdout", "")))
     text = "\n".join(texts)
-    for needle, reason in CAPACITY:
-        if needle in text:
-            line = next((ln.strip() for ln in text.splitlines() if needle in ln), needle)
-            return {"fits": False, "capacity": True, "reason": f"{reason}: {line[-300:]}"}
+    failures = (model or {}).get("start_failures") or {}
+
+    def line_of(needle):
+        return next((ln.strip() for ln in text.splitlines() if needle in ln), needle)[-300:]
+
+    for known in failures.get("not_the_candidate") or []:
+        if known["match"] in text:
+            return {"fits": False, "capacity": False,
+                    "reason": f"{' '.join(known['reason'].split())}: {line_of(known['match'])}. Fix: "
+                              f"{' '.join(known['fix'].split())}"}
+    for known in [*(failures.get("too_large") or []), *OUT_OF_MEMORY]:
+        if known["match"] in text:
+            return {"fits": False, "capacity": True, "reason": f"{known['reason']}: {line_of(known['match'])}"}
     if "Verification of" in str(failed_msg):
         return {"fits": False, "capacity": True, "reason": f"started, but failed the verify questions: {str(failed_msg)[:300]}"}
     last = [ln.strip() for ln in text.splitlines() if ln.strip()][-3:]
@@ -218,12 +280,14 @@ def tune_table(rows, benchmark):
     return lines
 
 
-def tune_profiles(rows, existing):
-    """The inventory's profiles with one per startable frontier point added (same names replaced)."""
+def tune_profiles(rows, existing, models):
+    """The inventory's profiles with one per startable frontier point added (same names replaced), each
+    naming the two flags as every engine's model accepts them."""
+    keys = tune_profile_keys(models)
     out = dict(existing or {})
     for r in rows:
         if r["max_requests"]:
-            out[r["profile"]] = {"context-length": r["context"], "max-running-requests": r["max_requests"]}
+            out[r["profile"]] = {keys["context"]: r["context"], keys["concurrency"]: r["max_requests"]}
     return out
 
 
@@ -247,6 +311,9 @@ class FilterModule:
             "tune_problems": tune_problems,
             "tune_base": tune_base,
             "tune_effective": tune_effective,
+            "tune_flags": tune_flags,
+            "tune_candidate": tune_candidate,
+            "tune_args_point": tune_args_point,
             "tune_base_id": tune_base_id,
             "tune_next": tune_next,
             "tune_frontier": tune_frontier,

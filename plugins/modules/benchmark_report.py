@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: benchmark_report
-short_description: Write the JSON, markdown and PNG report of an SGLang benchmark run
+short_description: Write the JSON, markdown and PNG report of a benchmark run
 description:
   - For the benchmark role's internal use; options and return values may change with the role.
   - Reads the raw files M(dgx_spark.llm_serving.benchmark_run) wrote for each level and for the recall check, and writes
@@ -50,7 +50,10 @@ options:
     type: path
     default: ""
   meta:
-    description: What was measured (endpoint without credentials, model, server settings, benchmark settings).
+    description:
+      - What was measured (endpoint without credentials, model, server settings, benchmark settings).
+      - C(engine) names the engine in the titles, C(context_flag) and C(concurrency_flag) its names of the two
+        server settings (SGLang's, when they are not given).
     type: dict
     default: {}
   out:
@@ -192,17 +195,18 @@ def chart(path, levels, before, meta):
                 right.plot([c for c, dummy in old], [(s.get("ttft_ms") or {}).get("p99") for dummy, s in old], "x--",
                            color=color, label=f"{prompt} (before)")
     limit = meta.get("max_running_requests")
+    cap_flag = meta.get("concurrency_flag") or "max-running-requests"
     ticks = sorted({lv["concurrency"] for lv in levels} | ({c for dummy, c in before} if before else set()))
     for ax, title, unit in ((left, "Output throughput", "tokens/s"), (right, "Time to first token, p99", "ms")):
         if isinstance(limit, int):
             ax.axvline(limit, color="grey", linestyle=":", linewidth=1)
         ax.set_title(title)
         ax.set_xticks(ticks)
-        ax.set_xlabel("concurrent streams" + (f" (dotted: max-running-requests {limit})" if isinstance(limit, int) else ""))
+        ax.set_xlabel("concurrent streams" + (f" (dotted: {cap_flag} {limit})" if isinstance(limit, int) else ""))
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"SGLang benchmark {meta.get('time', '')} - {meta.get('model', '')}", fontsize=10)
+    fig.suptitle(f"{meta.get('engine') or 'SGLang'} benchmark {meta.get('time', '')} - {meta.get('model', '')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -260,9 +264,10 @@ def main():
                                                                for lv in compare["levels"]]}}
     out = p["out"]
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    lines = [f"# SGLang benchmark {meta['time']}", "",
-             f"Endpoint {meta.get('endpoint', '?')}, model {meta.get('model', '?')}, context-length "
-             f"{meta.get('context_length', '?')}, max-running-requests {meta.get('max_running_requests', '?')}; "
+    lines = [f"# {meta.get('engine') or 'SGLang'} benchmark {meta['time']}", "",
+             f"Endpoint {meta.get('endpoint', '?')}, model {meta.get('model', '?')}, "
+             f"{meta.get('context_flag') or 'context-length'} {meta.get('context_length', '?')}, "
+             f"{meta.get('concurrency_flag') or 'max-running-requests'} {meta.get('max_running_requests', '?')}; "
              f"{meta.get('max_tokens', '?')} output tokens per request"
              + (" (ignore_eos)" if meta.get("ignore_eos") else "") + "; prompt sizes in tokens "
              f"({'from the server' if (p['calibration'] or {}).get('source') == 'usage' else 'estimated'}).",

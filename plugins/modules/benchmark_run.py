@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Measure an SGLang endpoint with streaming chat completions: calibration, one level, or the recall check."""
+"""Measure the group's OpenAI-compatible endpoint (SGLang or vLLM) with streaming chat completions: calibration,
+one level, or the recall check."""
 # Ansible module layout: the documentation blocks come before the imports.
 # ruff: noqa: E402
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: benchmark_run
-short_description: Stream chat completions at an SGLang endpoint and time every token
+short_description: Stream chat completions at the group's endpoint and time every token
 description:
   - For the benchmark role's internal use; options and return values may change with the role.
   - C(mode=calibrate) reads the served model from /v1/models and asks two one-token completions to learn how many
@@ -66,7 +67,9 @@ options:
     type: int
     default: 128
   ignore_eos:
-    description: Ask SGLang to generate exactly max_tokens (its ignore_eos sampling option), for fixed-length outputs.
+    description:
+      - Ask the engine to generate exactly max_tokens (SGLang's and vLLM's ignore_eos sampling option), for
+        fixed-length outputs.
     type: bool
     default: true
   depths:

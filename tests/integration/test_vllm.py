@@ -5,7 +5,8 @@ refused before any change; site.yml from scratch with vLLM on a derived image th
 head, given to the worker over the fabric), verified; a second run that changes nothing; a killed and a frozen
 worker rank healed by the supervisor; status; a change to vLLM's upstream image, which cannot start on GB10, going
 back by itself to the configuration that served; an upgrade of the base, the fix built again before any rank
-stops; a switch to SGLang and back to vLLM, each verified; uninstall. The monitoring stays off here (its
+stops; a switch to SGLang and back to vLLM, each verified; a short benchmark on vLLM's --max-num-seqs and a tune of
+one candidate that vLLM's KV cache refuses, ending on what ran before; uninstall. The monitoring stays off here (its
 installation would cost every site.yml run of this module): tests/integration/test_monitoring.py turns its pair into
 a vLLM group and watches it.
 """
@@ -17,6 +18,7 @@ import json
 import time
 
 import pytest
+import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
@@ -199,6 +201,65 @@ def test_a_switch_to_sglang_and_back_to_vllm(site):
     assert back.rc == 0, back.failure_messages() or back.stdout[-3000:]
     assert launch_args(head)[0] == "/models/glm53" and "'vllm','serve'" in sh(head, f"systemctl cat {UNIT}")
     site.verified()
+
+
+# ---- The benchmark and the tuner on vLLM's flags: one short benchmark, a tune of one candidate --------------
+
+
+def test_the_benchmark_follows_vllm_s_max_num_seqs_and_max_model_len(site, tmp_path):
+    result = site.play("playbooks/benchmark.yml", benchmark_prompts=["short"], benchmark_recall=False,
+                       benchmark_chart=False, benchmark_max_tokens=8, benchmark_rounds=1, benchmark_min_requests=1,
+                       benchmark_report_dir=str(tmp_path), benchmark_report_name="run")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    report = json.loads((tmp_path / "run.json").read_text())
+    # auto: 1 up to --max-num-seqs 2, then one beyond; the context is --max-model-len's.
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2, 3], report["levels"]
+    assert int(report["meta"]["context_length"]) == 65536 and int(report["meta"]["max_running_requests"]) == 2
+    assert all(lv["summary"]["ok"] == lv["summary"]["requests"] > 0 for lv in report["levels"]), report["levels"]
+    markdown = (tmp_path / "run.md").read_text()
+    assert markdown.startswith("# vLLM benchmark") and "max-model-len 65536, max-num-seqs 2;" in markdown, markdown
+
+
+# A sequence's linear-attention state of 2 GiB (the stand-in's knob; 0.75 by default): at the seed's 0.84 of the GPU
+# the KV cache then holds 65536 tokens beside 2 sequences' state, not beside 3.
+HEAVY_STATE = {"vllm": {"state_gib_per_seq": 2.0}}
+
+
+def test_the_tuner_varies_vllm_s_flags_and_ends_on_what_the_group_ran(site, tmp_path):
+    head = site.cluster.nodes[0]
+    for n in site.cluster.nodes:
+        sim.set_knobs(site.cluster.instance, n.name, HEAVY_STATE)
+    since = sh(head, "date +%s").strip()
+    try:
+        result = site.play("playbooks/tune.yml", tune_contexts=[65536], tune_max_requests=3, tune_dir=str(tmp_path))
+    finally:
+        for n in site.cluster.nodes:
+            sim.set_knobs(site.cluster.instance, n.name, {"vllm": {"state_gib_per_seq": 0.75}})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
+    (path,) = tmp_path.glob("tune-*Z.json")
+    report = json.loads(path.read_text())
+    # The running point counted without a restart, one candidate above it: the KV cache's own refusal.
+    assert {(t["context"], t["requests"]): t["fits"] for t in report["trials"]} == {(65536, 2): True, (65536, 3): False}
+    failed = report["trials"][-1]
+    assert failed["reason"].startswith("the KV cache does not hold max-model-len tokens: "), failed
+    assert "ValueError: The model's max seq len (65536) is larger than the maximum number of tokens" in failed["reason"]
+    assert [(r["context"], r["max_requests"]) for r in report["frontier"]] == [(65536, 2)]
+    shown = [m for m in (e["event_data"]["res"]["msg"] for e in result.task_events("runner_on_ok")
+                         if e["event_data"].get("task") == "Show the candidate")]
+    assert len(shown) == 1 and shown[0].startswith("Candidate max-model-len 65536 x max-num-seqs 3 "), shown
+    # The candidate reached vLLM as its own flag, and the group ends on what it ran before, serving.
+    started = sh(head, f"journalctl -u {UNIT} --since @{since} --no-pager -o cat | grep 'non-default args'")
+    assert "'max_num_seqs': 3" in started and "'max_num_seqs': 2" in started, started
+    for n in site.cluster.nodes:
+        args = launch_args(n)
+        assert (args[args.index("--max-model-len") + 1], args[args.index("--max-num-seqs") + 1]) == ("65536", "2")
+    assert json.loads(next(tmp_path.glob("tune-*/verify-after.json")).read_text())["ok"] is True
+    assert generate(site.cluster)
+    # The table and the profiles file: the flags under the names either engine's inventory takes.
+    assert next(tmp_path.glob("tune-*Z.md")).read_text().startswith("# vLLM capacity frontier")
+    (profiles,) = tmp_path.glob("tune-*-profiles.yml")
+    assert yaml.safe_load(profiles.read_text()) == {
+        "server_profiles": {"ctx65536-req2": {"context-length": 65536, "max-running-requests": 2}}}
 
 
 def test_uninstall_takes_vllm_off_the_nodes_and_keeps_the_images(site):

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tests.lib.role_module import module_utils
-from tests.lib.roles import filter_plugin
+from tests.lib.roles import filter_plugin, flag_models
 from tests.lib.server_plan import FILTER, MODEL, ctx
 
 CLIENT = module_utils("benchmark_client")
@@ -149,7 +149,7 @@ def slurped(args):
 
 def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
     args = ["--model-path", "/models/glm53", "--context-length", "131072", "--max-running-requests", "4", "--trust-remote-code"]
-    plan = BENCH.benchmark_cells({**SETTINGS, "max_requests": 40}, slurped(args))
+    plan = BENCH.benchmark_cells({**SETTINGS, "max_requests": 40}, slurped(args), MODEL)
     assert plan["problems"] == [] and plan["context_length"] == 131072 and plan["levels"] == [1, 2, 4, 5]
     long = [c for c in plan["cells"] if c["prompt"] == "long"]
     assert long[0]["prompt_tokens"] == 131072 // 2 - 256
@@ -158,10 +158,27 @@ def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
     assert plan["recall"]["prompt_tokens"] == int(131072 * 0.9)
 
 
+def test_on_vllm_the_plan_follows_max_num_seqs_and_max_model_len():
+    vllm = flag_models()["vllm"]
+    args = ["/models/glm53", "--tensor-parallel-size", "2", "--max-model-len", "32768", "--max-num-seqs", "4",
+            "--host", "192.168.100.10"]
+    plan = BENCH.benchmark_cells(SETTINGS, slurped(args), vllm)
+    assert plan["problems"] == [] and plan["levels"] == [1, 2, 4, 5] and plan["context_length"] == 32768
+    assert plan["flags"] == {"context": "max-model-len", "concurrency": "max-num-seqs"}
+    assert next(c for c in plan["cells"] if c["prompt"] == "long")["prompt_tokens"] == 32768 // 2 - 256
+    # SGLang's names in a vLLM group's arguments are not what it runs: unknown, refused naming vLLM's flags.
+    sglang_args = ["--model-path", "/models/glm53", "--context-length", "65536", "--max-running-requests", "2"]
+    refused = BENCH.benchmark_cells(SETTINGS, slurped(sglang_args), vllm)["problems"]
+    assert len(refused) == 1 and "it names no --max-model-len or --max-num-seqs" in refused[0], refused
+    assert "the server's max-model-len and max-num-seqs are unknown" in refused[0]
+    small = BENCH.benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None, vllm)
+    assert any("does not fit the server's max-model-len 2048" in p for p in small["problems"]), small["problems"]
+
+
 def test_an_unknown_server_or_a_prompt_that_does_not_fit_is_refused():
-    plan = BENCH.benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/spark-llm/x"})
+    plan = BENCH.benchmark_cells(SETTINGS, {"failed": True, "msg": "file not found", "source": "/etc/spark-llm/x"}, MODEL)
     assert "could not be read (file not found)" in plan["problems"][0]
-    plan = BENCH.benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None)
+    plan = BENCH.benchmark_cells({**SETTINGS, "context_length": 2048, "max_running_requests": 2}, None, MODEL)
     assert any("benchmark_medium_tokens" in p for p in plan["problems"]), plan["problems"]
 
 
@@ -213,7 +230,7 @@ def test_results_name_one_profile_per_startable_point():
     rows = TUNE.tune_results(trials, [65536, 131072], 64)
     assert [(r["context"], r["max_requests"], r["profile"]) for r in rows] == [(65536, 4, "ctx65536-req4"),
                                                                                (131072, 0, None)]
-    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}})
+    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}}, flag_models())
     assert profiles == {"mine": {"context-length": 32768},
                         "ctx65536-req4": {"context-length": 65536, "max-running-requests": 4}}
     assert "not startable" in "\n".join(TUNE.tune_table(rows, False))
@@ -221,12 +238,12 @@ def test_results_name_one_profile_per_startable_point():
 
 def test_a_failure_counts_against_the_candidate_only_for_capacity_or_verify():
     journal = {"results": [{"stdout": f"[2026] TP0 Load weight end.\n{HYBRID}\n"}, {"stdout": "ok"}]}
-    out = TUNE.tune_failure(journal, "Fail with a summary", "SGLang did not come up")
+    out = TUNE.tune_failure(journal, "Fail with a summary", "SGLang did not come up", MODEL)
     assert out["capacity"] and "hybrid" in out["reason"]
-    out = TUNE.tune_failure({"results": []}, "Fail when a check failed", "Verification of http://x failed: reasoning")
+    out = TUNE.tune_failure({"results": []}, "Fail when a check failed", "Verification of http://x failed: reasoning", MODEL)
     assert out["capacity"] and "verify" in out["reason"]
     out = TUNE.tune_failure({"results": [{"stdout": "torch.distributed.DistNetworkError: timed out"}]},
-                                   "Fail with a summary", "SGLang did not come up")
+                                   "Fail with a summary", "SGLang did not come up", MODEL)
     assert not out["capacity"] and "DistNetworkError" in out["reason"]
 
 
@@ -243,7 +260,7 @@ def test_bad_contexts_are_refused(contexts, why):
 
 def test_the_tune_varies_two_flags_on_top_of_the_inventorys_others():
     profiles = {"big": {"context-length": 131072, "max-running-requests": 2, "mem-fraction-static": 0.8}}
-    assert TUNE.tune_base("big", profiles, {"log-level": "info"}) == {"mem-fraction-static": 0.8, "log-level": "info"}
+    assert TUNE.tune_base("big", profiles, {"log-level": "info"}, MODEL) == {"mem-fraction-static": 0.8, "log-level": "info"}
     assert TUNE.tune_effective("big", profiles, {}, MODEL) == [131072, 2]
     assert TUNE.tune_effective("default", profiles, {"max-running-requests": 3}, MODEL) == [65536, 3]
 

@@ -12,14 +12,18 @@ start that does not fit leaves the stand-in's hybrid state cache error in the jo
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import importlib.util
+import io
 import itertools
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.lib.roles import filter_plugin
+from tests.lib.roles import filter_plugin, flag_model, flag_models
 
 REPO = Path(__file__).resolve().parents[2]
 TUNE = filter_plugin("tune")
@@ -27,6 +31,7 @@ _spec = importlib.util.spec_from_file_location("tune_standin_server", REPO / "te
 STANDIN = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(STANDIN)
 
+MODEL = flag_model()
 WINDOW = [65536, 131072, 262144, 524288, 1048576]
 
 
@@ -54,7 +59,7 @@ class Engine:
             return {"context": context, "requests": requests, "fits": True, "capacity": True,
                     "reason": "started and answered the verify questions", "seconds": 1.5 + len(self.starts),
                     "figures": {"ttft_ms_p50": 10, "itl_ms_p50": 5, "decode_tok_s": 100.0}}
-        out = TUNE.tune_failure(self.journal(context), "Fail with a summary", "SGLang did not come up")
+        out = TUNE.tune_failure(self.journal(context), "Fail with a summary", "SGLang did not come up", MODEL)
         return {**out, "context": context, "requests": requests, "seconds": 0.5}
 
 
@@ -127,7 +132,7 @@ def check(budget, contexts, cap, running=None):
         row = next(r for r in rows if r["context"] == running[0])
         if row["max_requests"] == running[1]:
             assert row["start_seconds"] is None and row["figures"]["decode_tok_s"] == 120.0, row
-    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}})
+    profiles = TUNE.tune_profiles(rows, {"mine": {"context-length": 32768}}, flag_models())
     assert profiles == {"mine": {"context-length": 32768}, **{
         f"ctx{c}-req{n}": {"context-length": c, "max-running-requests": n} for c, n in frontier.items() if n}}
     table = TUNE.tune_table(rows, True)
@@ -200,3 +205,154 @@ def test_a_record_under_the_same_settings_resumes_midway():
         assert engine.starts == [(t["context"], t["requests"]) for t in full[cut:]]
         assert TUNE.tune_frontier(trials, contexts, cap) == truth(budget, contexts, cap)
 
+
+
+# ---- vLLM: its two flags, its stand-in's KV cache, its failures ----------------------------------
+
+VLLM = flag_model("vllm")
+_vllm_spec = importlib.util.spec_from_file_location("tune_standin_vllm", REPO / "tests" / "standins" / "lib" / "vllm_server.py")
+VLLM_STANDIN = importlib.util.module_from_spec(_vllm_spec)
+_vllm_spec.loader.exec_module(VLLM_STANDIN)
+
+
+class VllmEngine:
+    """The vLLM stand-in's start of max-model-len x max-num-seqs at the flag model's gpu-memory-utilization: its own
+    KV cache arithmetic and its own failure, as the rescue's journalctl loop reads them."""
+
+    def __init__(self, **knobs):
+        self.knobs = {**VLLM_STANDIN.DEFAULTS, **knobs}
+        self.share = next(f["default"] for f in VLLM["flags"] if f["name"] == "gpu-memory-utilization")
+        self.starts: list[tuple[int, int]] = []
+
+    def start(self, context: int, requests: int) -> str | None:
+        """None when the engine core starts, else the journal of the failed start."""
+        args = SimpleNamespace(gpu_memory_utilization=self.share, max_num_seqs=requests, max_model_len=context)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                VLLM_STANDIN.kv_cache(args, self.knobs)
+        except SystemExit:
+            return out.getvalue()
+        return None
+
+    def trial(self, context: int, requests: int) -> dict:
+        self.starts.append((context, requests))
+        journal = self.start(context, requests)
+        if journal is None:
+            return {"context": context, "requests": requests, "fits": True, "capacity": True, "seconds": 2.0}
+        out = TUNE.tune_failure({"results": [{"stdout": journal}, {"stdout": ""}]}, "Fail with a summary",
+                                "vLLM did not come up", VLLM)
+        return {**out, "context": context, "requests": requests, "seconds": 0.5}
+
+
+@pytest.mark.parametrize("knobs", [{}, {"state_gib_per_seq": 2.0}, {"kv_mib_per_token": 0.03}, {"weights_gib": 99.0}])
+def test_vllm_s_frontier_is_found_against_its_stand_in_s_kv_cache(knobs):
+    contexts, cap = [32768, 65536, 131072, 262144], 16
+    engine = VllmEngine(**knobs)
+    # What every start would answer: a start fits while its max-model-len fits the KV cache the others leave.
+    want = {c: max([n for n in range(1, cap + 1) if engine.start(c, n) is None], default=0) for c in contexts}
+    trials = [{"context": 65536, "requests": 2, "fits": engine.start(65536, 2) is None, "capacity": True}]
+    for _ in range(100):
+        nxt = TUNE.tune_next(trials, contexts, cap)
+        if nxt["done"]:
+            break
+        outcome = engine.trial(nxt["context"], nxt["requests"])
+        assert outcome["capacity"], outcome
+        trials.append(outcome)
+    assert TUNE.tune_frontier(trials, contexts, cap) == want, trials
+    failed = [t for t in trials[1:] if not t["fits"]]
+    assert failed and all(t["reason"].startswith(("the KV cache does not hold max-model-len tokens: ValueError",
+                                                  "no memory is left for the KV cache: ValueError")) for t in failed)
+    assert len(engine.starts) == len(set(engine.starts))
+
+
+def test_the_default_vllm_point_is_where_the_seed_runs():
+    # The stand-in's documented figures (tests/standins/README.md): at 0.84, 2 x 64k and 4 x 64k fit, 8 x 64k and
+    # 1 x 128k do not - the search's answer under the seed's flags.
+    engine = VllmEngine()
+    assert [engine.start(65536, n) is None for n in (2, 4, 8)] == [True, True, False]
+    assert engine.start(131072, 1) is not None
+
+
+def test_vllm_s_free_memory_check_stops_the_tune_with_its_fix():
+    # The check is against gpu-memory-utilization alone, which the tune keeps: every candidate would fail it, so
+    # it is no frontier - the tune stops (trial.yml) and says what to do.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        VLLM_STANDIN.free_memory_check(SimpleNamespace(gpu_memory_utilization=0.84), {"os_reserved_gib": 30.0}, 1)
+    journal = {"results": [{"stdout": ""}, {"stdout": out.getvalue()}]}
+    outcome = TUNE.tune_failure(journal, "Fail with a summary", "vLLM did not come up", VLLM)
+    assert outcome["capacity"] is False, outcome
+    for fragment in ("vLLM's free-memory check", "whatever the context and concurrency",
+                     "ValueError: Free memory on device (89.70/119.70 GiB)", "Fix: free the GPU"):
+        assert fragment in outcome["reason"], outcome["reason"]
+    # SGLang's model knows no such check: the same line is another failure there, and stops the tune too.
+    assert TUNE.tune_failure(journal, "Fail with a summary", "x", MODEL)["capacity"] is False
+
+
+def test_later_vllm_s_wording_of_the_kv_cache_check_is_read_too():
+    line = ("ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (10.60 GiB).")
+    outcome = TUNE.tune_failure({"results": [{"stdout": line}]}, "Fail with a summary", "vLLM did not come up", VLLM)
+    assert outcome["capacity"] and outcome["reason"].startswith("the KV cache does not hold max-model-len tokens")
+    # SGLang's hybrid state cache line is no vLLM failure: not this engine's capacity answer.
+    hybrid = Engine(65536).journal(131072)
+    assert TUNE.tune_failure(hybrid, "Fail with a summary", "x", VLLM)["capacity"] is False
+
+
+def test_a_vllm_candidate_sets_vllm_s_flags_and_the_inventory_s_others():
+    profiles = {"p": {"context-length": 131072, "max-num-seqs": 2, "gpu-memory-utilization": 0.8}}
+    base = TUNE.tune_base("p", profiles, {"enforce-eager": True, "max-model-len": 131072}, VLLM)
+    assert base == {"gpu-memory-utilization": 0.8, "enforce-eager": True}
+    assert TUNE.tune_effective("p", profiles, {"max-model-len": 131072}, VLLM) == [131072, 2]
+    assert TUNE.tune_effective("default", {}, {}, VLLM) == [65536, 2]
+    assert TUNE.tune_candidate(base, 65536, 3, VLLM) == {"gpu-memory-utilization": 0.8, "enforce-eager": True,
+                                                         "max-model-len": 65536, "max-num-seqs": 3}
+    assert TUNE.tune_candidate({}, 65536, 3, MODEL) == {"context-length": 65536, "max-running-requests": 3}
+    assert TUNE.tune_flags(VLLM) == {"context": "max-model-len", "concurrency": "max-num-seqs"}
+
+
+def test_the_running_point_is_read_by_the_engine_s_flags():
+    def slurped(args):
+        return base64.b64encode(json.dumps(args).encode()).decode()
+
+    vllm_args = ["/models/glm53", "--tensor-parallel-size", "2", "--max-model-len", "131072", "--max-num-seqs", "3",
+                 "--headless"]
+    assert TUNE.tune_args_point(slurped(vllm_args), VLLM) == [131072, 3]
+    # A group still on SGLang's flags does not run what a vLLM inventory deploys: unknown, and refused by main.yml.
+    sglang_args = ["--model-path", "/models/glm53", "--context-length", "65536", "--max-running-requests", "2"]
+    assert TUNE.tune_args_point(slurped(sglang_args), VLLM) == [None, None]
+    assert TUNE.tune_args_point(slurped(sglang_args), MODEL) == [65536, 2]
+    assert TUNE.tune_args_point("", VLLM) == [None, None]
+
+
+def test_a_window_or_cap_problem_names_vllm_s_flags():
+    problems = TUNE.tune_problems({"contexts": [65536, 2097152], "max_requests": 65, "apply": ""}, VLLM)
+    assert len(problems) == 2, problems
+    assert "the flag model's max-model-len maximum): vLLM would refuse the start" in problems[0]
+    assert "the most max-num-seqs to try" in problems[1] and "Fix:" in problems[1]
+    assert TUNE.tune_problems({"contexts": [65536], "max_requests": 4, "apply": ""}, VLLM) == []
+
+
+def test_the_profiles_file_deploys_on_either_engine():
+    from tests.lib.server_plan import FILTER, ctx  # noqa: PLC0415 - the server plan, only for this check
+
+    rows = TUNE.tune_results([{"context": 65536, "requests": 5, "fits": True}, {"context": 65536, "requests": 6,
+                                                                              "fits": False}], [65536], 64)
+    profiles = TUNE.tune_profiles(rows, {}, flag_models())
+    assert profiles == {"ctx65536-req5": {"context-length": 65536, "max-running-requests": 5}}
+    for engine, flags in (("sglang", ("--context-length", "--max-running-requests")),
+                          ("vllm", ("--max-model-len", "--max-num-seqs"))):
+        plan = FILTER.server_plan(ctx(spark_engine=engine, server_render_only=True, server_profiles=profiles,
+                                      server_profile="ctx65536-req5"), flag_model(engine))
+        assert plan["errors"] == [], (engine, plan["errors"])
+        args = plan["args"]
+        assert [args[args.index(f) + 1] for f in flags] == ["65536", "5"], (engine, args)
+
+
+def test_a_flag_model_without_a_shared_name_for_a_capacity_flag_is_a_defect_named():
+    models = flag_models()
+    renamed = {**models["vllm"], "flags": [{**f, "aliases": []} if f.get("capacity") == "concurrency" else f
+                                           for f in models["vllm"]["flags"]]}
+    with pytest.raises(ValueError, match="no name of the concurrency flag is known to every engine's flag model"):
+        TUNE.tune_profile_keys({**models, "vllm": renamed})

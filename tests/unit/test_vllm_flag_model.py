@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.lib.roles import filter_plugin, flag_model, keyed_launcher
+from tests.lib.roles import flag_model, keyed_launcher
 from tests.lib.server_plan import FILTER, ctx
 
 VLLM = flag_model("vllm")
@@ -451,17 +451,3 @@ def test_ranks_that_the_inventory_gives_different_engines_are_refused():
     # An engine the inventory does not set (the role's default is in no hostvars) is no disagreement.
     del hostvars["spark-1"]["spark_engine"]
     assert FILTER.server_plan(c, VLLM, hostvars)["errors"] == []
-
-
-def test_the_tuner_and_the_benchmark_refuse_vllm_with_the_fix():
-    tune = filter_plugin("tune")
-    problems = tune.tune_problems({"contexts": [65536]}, VLLM)
-    assert problems == [
-        "spark_engine = 'vllm': the tuner varies SGLang's context-length and max-running-requests only in this version. "
-        "Fix: set max-model-len and max-num-seqs in server_flag_overrides (or a profile in server_profiles, whose "
-        "SGLang names apply to vLLM's flags) and run playbooks/server.yml."]
-    assert not [p for p in tune.tune_problems({"contexts": [65536]}, SGLANG) if "spark_engine" in p]
-    benchmark = filter_plugin("benchmark")
-    refused = benchmark.benchmark_problems({"engine": "vllm"})
-    assert len(refused) == 1 and refused[0].startswith("spark_engine = 'vllm': the benchmark reads SGLang's")
-    assert not [p for p in benchmark.benchmark_problems({"engine": "sglang"}) if "spark_engine" in p]

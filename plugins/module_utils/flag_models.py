@@ -1,0 +1,33 @@
+"""Reading an engine's flag model (spark_flag_models in the site role's vars) and the launch arguments it made.
+
+The tune and the benchmark work on the two capacity flags whatever the engine calls them: the flag model
+marks them `capacity: context` (a request's tokens) and `capacity: concurrency` (requests at once).
+"""
+
+from __future__ import annotations
+
+CAPACITY_ROLES = ("context", "concurrency")
+
+
+def capacity_flag(model, role):
+    """The model's spec of its context or concurrency flag; a model without one is a defect of the model."""
+    spec = next((f for f in (model or {}).get("flags", []) if f.get("capacity") == role), None)
+    if spec is None:
+        raise ValueError(f"the flag model of {(model or {}).get('label', '?')} has no flag with capacity: {role}")
+    return spec
+
+
+def flag_names(spec):
+    """The flag's name, then its aliases: every key an override or a profile may set it by."""
+    return [spec["name"], *spec.get("aliases", [])]
+
+
+def launch_flags(args):
+    """{flag without dashes: value, or True for a bare switch} of a launch argument list (server-args.json)."""
+    out = {}
+    args = args if isinstance(args, list) else []
+    for i, token in enumerate(args):
+        if isinstance(token, str) and token.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[token[2:]] = nxt if isinstance(nxt, str) and not nxt.startswith("--") else True
+    return out
