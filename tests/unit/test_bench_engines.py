@@ -27,19 +27,27 @@ def test_an_engine_no_chosen_figure_needs_is_never_deployed():
     assert measurement_plan(["sync", "verify"], "both") == [("sglang", "sync"), ("sglang", "verify")]
 
 
-def answers(*seen):
-    replies = iter(seen)
-    return lambda: next(replies, seen[-1])
+class Answers:
+    """A probe that answers as told, then as its last answer for ever; counts its calls."""
+
+    def __init__(self, *seen):
+        self.seen, self.calls = seen, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.seen[min(self.calls, len(self.seen)) - 1]
 
 
 def test_the_watch_takes_the_first_answer_after_a_failed_one():
-    watch = Watch(answers(True, True, False, False, True)).start()
+    probe = Answers(True, True, False, False, True, True)
+    watch = Watch(probe).start()
     assert watch.result("restart") > 0
-    assert watch.missed
+    # The group before its stop (the first two answers) is not the group serving again.
+    assert watch.missed and probe.calls == 5
 
 
 def test_a_watch_that_never_saw_the_head_stop_gives_no_figure():
-    watch = Watch(answers(True)).start()
+    watch = Watch(Answers(True)).start()
     watch.cancel()
     with pytest.raises(BenchError, match="never stopped answering"):
         watch.result("restart")
