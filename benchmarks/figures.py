@@ -86,7 +86,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
                 f"{last.get('controller')} on the controller")
 
     engine_note = ENGINES[ctx.engine]["note"]
-    # The defaults as this engine's site gets them (vLLM's keeps the monitoring off).
+    # The defaults as this engine's site gets them (an engine's settings may differ from them).
     defaults = {k: ctx.extravars[k] for k in PRODUCT_DEFAULTS}
     fig = Figure(
         key="nochange", name="site.yml no-change re-run, 2 nodes, the product's defaults (wall)", unit="s", engine=ctx.engine,
