@@ -48,7 +48,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
     def one(which: str):
         def step() -> float:
             # A fresh control-socket directory per run: no run inherits another's open SSH connections.
-            cp = ctx.control_dir / f"site-{which}-{next(counter)}"
+            cp = ctx.control_dir / f"site-{ctx.engine}-{which}-{next(counter)}"
             cp.mkdir()
             env = {"ANSIBLE_CONFIG": str(configs[which]), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)}
             if which == "defaults":
