@@ -14,12 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.harness import cluster as sim
+from tests.lib.vllm_image import sm121_fix_build
 
 from .nodes import REPO, BenchError, sh, timed, tree_bytes
 
 # What the test inventory turns off to save the tests time, back as a site gets it: figures are taken on the
 # product's defaults (tests/inventory/group_vars/spark/monitoring.yml and server.yml say why they differ).
 PRODUCT_DEFAULTS = {"spark_monitoring": True, "supervisor_enabled": True}
+# Per engine: what a site of it sets over the product's defaults, whether it runs on the derived image (the recipe's
+# sparse-MLA fix built on the head), and why it differs, for the figures' notes.
+ENGINES = {
+    "sglang": {"settings": {}, "derived_image": False, "note": ""},
+    "vllm": {"settings": {"spark_engine": "vllm"}, "derived_image": True,
+             "note": "vLLM on the derived image with the recipe's sparse-MLA fix (built on the head, loaded on the "
+                     "worker)"},
+}
 BENCH_DIR = "/opt/bench"  # scratch on the nodes, outside the deployed checkpoint
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -43,6 +52,7 @@ class Context:
     files: list[str] = field(default_factory=list)
     total_bytes: int = 0
     log: list[str] = field(default_factory=list)
+    engine: str = "sglang"  # the engine the pair serves with now (ENGINES)
 
     @property
     def inventory(self) -> Path:
@@ -59,8 +69,18 @@ class Context:
     @property
     def extravars(self) -> dict:
         # The verify role writes its report on the controller: into our scratch, not the checkout.
-        return {**PRODUCT_DEFAULTS, "checkpoint_revision": self.revision, "checkpoint_hf_endpoint": self.hub_url,
-                "verify_report_dir": str(self.workdir / "reports")}
+        return {**PRODUCT_DEFAULTS, **self.engine_settings, "checkpoint_revision": self.revision,
+                "checkpoint_hf_endpoint": self.hub_url, "verify_report_dir": str(self.workdir / "reports")}
+
+    @property
+    def engine_settings(self) -> dict:
+        """The settings that make the site serve with `engine`, the derived image's build context among them."""
+        spec = ENGINES[self.engine]
+        if not spec["derived_image"]:
+            return dict(spec["settings"])
+        context = self.workdir / f"{self.engine}-image-build"
+        context.mkdir(exist_ok=True)
+        return {**spec["settings"], **sm121_fix_build(context)}
 
     def say(self, msg: str) -> None:
         line = f"bench: {msg}"

@@ -1,4 +1,4 @@
-"""The four figures of issue 7, each measured against its baseline in the same round."""
+"""The figures of issues 7, 12 and 27, each measured against its baseline in the same round."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.lib.playbook import run_playbook
 
 from .context import (
     BENCH_DIR,
+    ENGINES,
     PRODUCT_DEFAULTS,
     RUNNER_ENV,
     SYSTEM_PYTHON,
@@ -29,6 +30,7 @@ from .context import (
 from .nodes import REPO, BenchError, StagedModule, close_masters
 from .recovery import recovery
 from .report import Figure, median, mib_per_s, read_loadavg
+from .restart import restart
 from .task_floor import task_floor
 
 NOCHANGE_TARGET_SECONDS = 15.0
@@ -46,7 +48,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
     def one(which: str):
         def step() -> float:
             # A fresh control-socket directory per run: no run inherits another's open SSH connections.
-            cp = ctx.control_dir / f"site-{which}-{next(counter)}"
+            cp = ctx.control_dir / f"site-{ctx.engine}-{which}-{next(counter)}"
             cp.mkdir()
             env = {"ANSIBLE_CONFIG": str(configs[which]), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)}
             if which == "defaults":
@@ -83,13 +85,17 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
         return (f"{last.get('on_nodes')} task results on the nodes, {last.get('skipped')} skipped there, "
                 f"{last.get('controller')} on the controller")
 
+    engine_note = ENGINES[ctx.engine]["note"]
+    # The defaults as this engine's site gets them (an engine's settings may differ from them).
+    defaults = {k: ctx.extravars[k] for k in PRODUCT_DEFAULTS}
     fig = Figure(
-        key="nochange", name="site.yml no-change re-run, 2 nodes, the product's defaults (wall)", unit="s",
+        key="nochange", name="site.yml no-change re-run, 2 nodes, the product's defaults (wall)", unit="s", engine=ctx.engine,
         measured=s["project"], baseline_name="Ansible's stock configuration", baseline=s["defaults"],
         target_op="<=", target=NOCHANGE_TARGET_SECONDS, judged_on="measured",
         target_text=f"<= {NOCHANGE_TARGET_SECONDS:.0f} s on a quiet machine and 0 changed on nodes",
-        notes=[f"the product's defaults: {', '.join(f'{k}={v}' for k, v in PRODUCT_DEFAULTS.items())} over the test "
+        notes=[f"the product's defaults: {', '.join(f'{k}={v}' for k, v in defaults.items())} over the test "
                f"inventory's shortcuts",
+               *([engine_note] if engine_note else []),
                f"tasks per run with the project's ansible.cfg: {counted('project')}; with the stock configuration: "
                f"{counted('defaults')}",
                f"changed tasks per run with the project's ansible.cfg: {node_changes} on nodes, {ctrl_changes} on the "
@@ -105,7 +111,7 @@ def site_noop(ctx: Context, runs: int) -> list[Figure]:
         extra={"changed": changed, "tasks": tasks, "task_seconds_project": dict(slowest.most_common(40)),
                "defaults_config": configs["defaults"].read_text(), "settings": settings,
                "runner_env": RUNNER_ENV, "inherited_ansible_env_ignored": sorted(inherited),
-               "product_defaults": PRODUCT_DEFAULTS},
+               "product_defaults": defaults},
     )
     fig.conditions["0 changed tasks on nodes"] = node_changes == 0
     return [fig]
@@ -394,11 +400,12 @@ def fetch(ctx: Context, runs: int) -> list[Figure]:
     )]
 
 
-# "recovery" turns the supervisor on, so it runs last.
-# Defined beside the figures whose helpers it reuses, so imported once they exist.
-
 FIGURES = {"sync": sync, "verify": verify, "fetch": fetch, "nochange": site_noop, "site": site_noop, "floor": task_floor,
-           "recovery": recovery}
+           "restart": restart, "recovery": recovery}
+# The groups measured once per engine (`--engine both`: first SGLang's, then vLLM's pair); the others do not
+# depend on the engine and run once, before them. Recovery stays last within an engine: it turns the supervisor on.
+PER_ENGINE = ("nochange", "site", "restart", "recovery")
+ORDER = ("sync", "verify", "fetch", "floor", "nochange", "site", "restart", "recovery")
 
 
 def run_figure(ctx: Context, key: str, runs: int) -> tuple[list[Figure], str | None]:

@@ -27,6 +27,7 @@ from tests.lib.supervised import (
     wait_stable,
 )
 
+from .context import ENGINES
 from .nodes import BenchError
 from .report import Figure
 
@@ -46,7 +47,7 @@ def recovery(ctx, runs: int) -> list:
     interval = SUPERVISOR["supervisor_interval"]
     hang_detect = SUPERVISOR["supervisor_failures"] * interval + SUPERVISOR["supervisor_probe_timeout"]
     for n in cluster.nodes:
-        sim.set_knobs(cluster.instance, n.name, {"sglang": {"gpu_release_seconds": 3}})
+        sim.set_knobs(cluster.instance, n.name, {ctx.engine: {"gpu_release_seconds": 3}})
     r = run_playbook("playbooks/server.yml", ctx.inventory, extravars={**ctx.extravars, **SUPERVISOR})
     if r.rc != 0:
         raise BenchError(f"server.yml with the supervisor failed: {r.failure_messages()[-1500:]}")
@@ -55,7 +56,7 @@ def recovery(ctx, runs: int) -> list:
     faults = [
         ("worker rank SIGKILL", interval, lambda: signal_rank(ctx.worker, "KILL")),
         ("head rank SIGKILL", interval, lambda: signal_rank(ctx.head, "KILL")),
-        ("hang (health green)", hang_detect, lambda: inject_hang(cluster)),
+        ("hang (health green)", hang_detect, lambda: inject_hang(cluster, engine=ctx.engine)),
         ("frozen worker rank (SIGSTOP)", hang_detect, lambda: signal_rank(ctx.worker, "STOP")),
         ("power cycle of the worker", interval, lambda: sim.power_cycle(cluster.instance, ["spark-1"])),
         ("power cycle of the head", interval, lambda: sim.power_cycle(cluster.instance, ["spark-0"])),
@@ -81,7 +82,7 @@ def recovery(ctx, runs: int) -> list:
             measured.append(seconds)
             baseline.append(detect + restart + boot)
             extra_restarts.append(made)
-            ctx.say(f"recovery {name} round {rnd + 1}/{runs}: serving again after {seconds:.1f} s "
+            ctx.say(f"recovery ({ctx.engine}) {name} round {rnd + 1}/{runs}: serving again after {seconds:.1f} s "
                     f"({made} group restart(s), the restart itself {restart:.1f} s, boot {boot:.1f} s)")
         fig = Figure(
             key="recovery", name=f"fault to serving again: {name}", unit="s", measured=measured,
@@ -90,8 +91,9 @@ def recovery(ctx, runs: int) -> list:
             target_text="<= 1.25x (detection interval plus one ordered restart) and one group restart per incident",
             notes=[f"supervisor interval {interval} s, {SUPERVISOR['supervisor_failures']} failed generations for "
                    f"a hang, stand-in load 1 s, GPU released 3 s after a rank ends",
-                   "a healthy pair costs one one-token generation per interval"],
-            extra={"group_restarts_per_incident": extra_restarts},
+                   "a healthy pair costs one one-token generation per interval",
+                   *([ENGINES[ctx.engine]["note"]] if ENGINES[ctx.engine]["note"] and not figures else [])],
+            extra={"group_restarts_per_incident": extra_restarts}, engine=ctx.engine,
         )
         fig.conditions["one group restart per incident"] = all(m == 1 for m in extra_restarts)
         figures.append(fig)

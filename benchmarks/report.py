@@ -58,6 +58,8 @@ class Figure:
     extra: dict = field(default_factory=dict)
     # Further requirements of the target besides the number (e.g. "0 changed tasks on nodes").
     conditions: dict[str, bool] = field(default_factory=dict)
+    # The engine the pair served with ("sglang", "vllm"); "" for a figure no engine bears on (a transfer, a hash).
+    engine: str = ""
 
     @property
     def measured_median(self) -> float | None:
@@ -99,6 +101,11 @@ def fmt_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def engine_label(f: Figure) -> str:
+    """The row's engine; `any` where the figure does not depend on it (measured once, with the first engine)."""
+    return f.engine or "any"
+
+
 def target_text(f: Figure) -> str:
     if f.target_text:
         return f.target_text
@@ -124,18 +131,18 @@ def machine_line(machine: dict) -> str:
 def markdown_table(figures: list[Figure], machine: dict, runs: int, smoke: bool) -> str:
     """The table the README carries: one row per figure, then the machine it ran on."""
     rows = [
-        "| figure | measured | baseline | ratio | target | result |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| figure | engine | measured | baseline | ratio | target | result |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for f in figures:
         rows.append(
-            f"| {f.name} | {fmt_value(f.measured_median, f.unit)} "
+            f"| {f.name} | {engine_label(f)} | {fmt_value(f.measured_median, f.unit)} "
             f"| {f.baseline_name}: {fmt_value(f.baseline_median, f.unit)} "
             f"| {fmt_ratio(f.ratio)} | {target_text(f)} | {f.result} |"
         )
     head = f"Median of {runs} run{'s' if runs != 1 else ''}" + (" (smoke: tiny sizes, not a measurement)" if smoke else "")
     lines = [head + ". Machine: " + machine_line(machine) + ".", "", *rows]
-    notes = [(f.name, n) for f in figures for n in f.notes]
+    notes = [(f.name + (f" ({f.engine})" if f.engine else ""), n) for f in figures for n in f.notes]
     if notes:
         lines.append("")
         lines += [f"- {name}: {note}" for name, note in notes]

@@ -1,8 +1,8 @@
-"""Benchmarks of issue 7 on simulated Spark nodes; `scripts/bench --help`.
+"""Benchmarks of issues 7, 12 and 27 on simulated Spark nodes; `scripts/bench --help`.
 
 Boots a two-node harness instance of its own, serves a synthetic checkpoint of the real shape
-(120 shards) from the hub emulator on the harness bridge, converges site.yml once, then measures
-each figure against its baseline in the same rounds. Writes benchmarks/results/latest.json and
+(120 shards) from the hub emulator on the harness bridge, converges site.yml once per engine, then
+measures each figure against its baseline in the same rounds. Writes benchmarks/results/latest.json and
 latest.md and prints the table. The instance is torn down at the end, also on failure or SIGTERM.
 Timing is not a test: nothing here asserts, a missed target is a "fail" row in the table.
 """
@@ -24,9 +24,10 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
+from tests.lib.supervised import wait_for
 
 from . import figures
-from .context import Context
+from .context import ENGINES, Context
 from .nodes import REPO, close_masters
 from .report import Figure, machine_facts, markdown_table, read_loadavg
 
@@ -50,6 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="one round, 64 KiB shards: proves every figure runs end to end; the numbers mean nothing")
     p.add_argument("--only", action="append", choices=sorted(figures.FIGURES),
                    help="measure only this figure group (repeatable)")
+    p.add_argument("--engine", choices=[*ENGINES, "both"], default="both",
+                   help="the engine the server figures (" + ", ".join(figures.PER_ENGINE) + ") measure; both: "
+                   "SGLang's pair first, then the same pair switched to vLLM (default both); the other figures do "
+                   "not depend on it and run once, with the first")
     p.add_argument("-i", "--instance", default="bench", help="harness instance name (default bench)")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json", help="JSON result; the table goes beside it (.md)")
     p.add_argument("--keep", action="store_true", help="leave the nodes up afterwards (tear down with "
@@ -138,6 +143,46 @@ def git_commit() -> str:
     return (head.stdout.strip() or "?") + ("+uncommitted changes" if dirty.stdout.strip() else "")
 
 
+def measurement_plan(only: list[str] | None, engine: str) -> list[tuple[str, str]]:
+    """(engine, figure group) in the order they are measured: the groups no engine bears on once, with the first
+    engine, then each engine's server figures (figures.ORDER within each, whatever order --only gave them in;
+    "site" is another name of "nochange"). An engine none of the chosen groups needs is never deployed."""
+    engines = list(ENGINES) if engine == "both" else [engine]
+    groups = [key for key in figures.ORDER if key in (only or set(figures.ORDER) - {"site"})]
+    return ([(engines[0], key) for key in groups if key not in figures.PER_ENGINE]
+            + [(name, key) for name in engines for key in groups if key in figures.PER_ENGINE])
+
+
+def converge(ctx: Context, engine: str, control_dir: Path) -> None:
+    """site.yml with `engine`'s settings over the product's defaults: what every figure of that engine starts from."""
+    ctx.engine = engine
+    ctx.say(f"converging site.yml on {ctx.cluster.instance} with {engine} (fetch, sync, server, verify) before measuring")
+    t0 = time.monotonic()
+    r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=3600,
+                     envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir)})
+    if r.rc != 0:
+        raise RuntimeError(f"bench: converging site.yml with {engine} failed: "
+                           f"{r.failure_messages()[-3000:] or r.stdout[-3000:]}")
+    ctx.say(f"converged with {engine} in {time.monotonic() - t0:.0f} s")
+
+
+def switch(ctx: Context, engine: str, control_dir: Path) -> None:
+    """The pair from the engine it serves with to `engine`. The recovery figure's ranks keep their GPU memory a few
+    seconds after they end (gpu_release_seconds, read at a rank's start), and the role starts the other engine's
+    ranks right after the stop (its supervisor waits for the release, a deployment does not): so the group is
+    stopped first and the GPUs seen free on every node before site.yml deploys the other engine."""
+    for n in ctx.cluster.nodes:
+        sim.set_knobs(ctx.cluster.instance, n.name, {name: {"gpu_release_seconds": 0} for name in ENGINES})
+    r = run_playbook("playbooks/stop.yml", ctx.inventory, extravars=ctx.extravars, timeout=600,
+                     envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir)})
+    if r.rc != 0:
+        raise RuntimeError(f"bench: stopping the {ctx.engine} group failed: {r.failure_messages()[-3000:]}")
+    for n in ctx.cluster.nodes:
+        wait_for(lambda n=n: not ctx.sh(n, "nvidia-smi --query-compute-apps=pid --format=csv,noheader").strip(),
+                 f"{n.name}'s GPU memory to be released", 120, every=0.5)
+    converge(ctx, engine, control_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
@@ -149,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     machine["load_before"] = read_loadavg()
     shard_bytes = max(int(args.shard_mib * MiB), 1)
-    groups = args.only or ["sync", "verify", "fetch", "nochange", "floor", "recovery"]
+    plan = measurement_plan(args.only, args.engine)
+    engines = list(dict.fromkeys(engine for engine, _ in plan))
     defaults = role_defaults()
 
     hub_root = sim.CACHE_ROOT / "bench-hub" / f"{args.shards}x{shard_bytes}"
@@ -183,13 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_rsyncd_port=int(defaults["checkpoint_sync_rsyncd_port"]), shards=args.shards, files=files,
             total_bytes=total, log=log,
         )
-        ctx.say(f"converging site.yml on {args.instance} (fetch, sync, server, verify) before measuring")
-        t0 = time.monotonic()
-        r = run_playbook("site.yml", ctx.inventory, extravars=ctx.extravars, timeout=3600,
-                         envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir)})
-        if r.rc != 0:
-            raise RuntimeError(f"bench: converging site.yml failed: {r.failure_messages()[-3000:] or r.stdout[-3000:]}")
-        ctx.say(f"converged in {time.monotonic() - t0:.0f} s")
+        converge(ctx, plan[0][0], control_dir)
         # The tools that do the work run in the nodes (Debian trixie), not on this machine.
         node_tools = {
             "rsync": ctx.sh(ctx.head, "rsync --version | head -n 1", check=False).strip(),
@@ -197,12 +237,20 @@ def main(argv: list[str] | None = None) -> int:
             "sha256sum": ctx.sh(ctx.head, "sha256sum --version | head -n 1", check=False).strip(),
             "python": ctx.sh(ctx.head, "python3 -V", check=False).strip(),
         }
-        for key in groups:
+        for engine, key in plan:
+            if engine != ctx.engine:
+                try:
+                    switch(ctx, engine, control_dir)
+                except (RuntimeError, AssertionError) as e:
+                    # The first engine's figures are measured: they are still written.
+                    ctx.say(f"could not switch the pair to {engine}: {e}")
+                    errors[f"switch to {engine}"] = str(e)
+                    break
             runs = args.site_runs if key in ("nochange", "site", "floor") else args.runs
             figs, err = figures.run_figure(ctx, key, runs)
             results += figs
             if err:
-                errors[key] = err
+                errors[f"{key} ({engine})" if key in figures.PER_ENGINE else key] = err
     finally:
         stop_hub(hub)
         close_masters(control_dir)
@@ -219,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "runs": args.runs,
         "site_runs": args.site_runs,
+        "engines": engines,
         "checkpoint": {"shards": args.shards, "shard_bytes": shard_bytes, "files": len(files), "bytes": total},
         "machine": machine,
         "tools": {"controller": tool_versions(), "nodes": node_tools},

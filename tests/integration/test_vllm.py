@@ -13,7 +13,6 @@ a vLLM group and watches it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
@@ -35,6 +34,7 @@ from tests.lib.supervised import (
     wait_serving,
     wait_stable,
 )
+from tests.lib.vllm_image import sm121_fix_build
 
 pytestmark = pytest.mark.slow
 
@@ -74,15 +74,7 @@ class Site:
 def site(sim_cluster, tmp_path_factory):
     for n in sim_cluster.nodes:
         sim.set_knobs(sim_cluster.instance, n.name, {"vllm": {"load_seconds": 0.2}, "sglang": {"load_seconds": 0.2}})
-    # The recipe's sparse-MLA fix on top of vLLM's image, as an operator's build context: what its RUN step
-    # changes is told to the stand-in by a label (tests/standins/README.md, docker).
-    context = tmp_path_factory.mktemp("vllm-sm121-fix")
-    (context / "Dockerfile").write_text(
-        "ARG SPARK_BASE_IMAGE\nFROM ${SPARK_BASE_IMAGE}\nCOPY sparse-mla-sm121.patch /opt/spark/\n"
-        "LABEL org.spark-sim.vllm='{\"sparse_mla_sm121\": true}'\n")
-    (context / "sparse-mla-sm121.patch").write_text("sm_121 build of the sparse-MLA kernels\n")
-    build = {"server_image_build_context": str(context),
-             "server_image_build_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in context.iterdir()}}
+    build = sm121_fix_build(tmp_path_factory.mktemp("vllm-sm121-fix"))
     return Site(sim_cluster, {**SUPERVISOR, "spark_engine": "vllm", "spark_monitoring": False, **build})
 
 

@@ -86,6 +86,16 @@ def api_key_header(cluster) -> dict:
     return {"Authorization": f"Bearer {key_file.read_text().strip()}"} if key_file.exists() else {}
 
 
+def lists_model(cluster, timeout: float = 2, model: str = "/models/glm53") -> bool:
+    """The head's /v1/models lists the model, with the client's key: both engines' readiness answer."""
+    req = urllib.request.Request(f"http://{cluster.nodes[0].mgmt_ip}:30000/v1/models", headers=api_key_header(cluster))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the simulated head's address
+            return resp.status == 200 and any(m.get("id") == model for m in json.loads(resp.read())["data"])
+    except (OSError, urllib.error.URLError, ValueError, KeyError, AttributeError):
+        return False
+
+
 def generate(cluster, timeout: float = 10, model: str = "/models/glm53") -> bool:
     """One real generation through the head's endpoint, as a client on the management network asks it."""
     body = json.dumps({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "17 × 23 = ?"}]}).encode()
@@ -157,16 +167,17 @@ def restarts(cluster) -> int:
     return len(state(cluster).get("restarts", []))
 
 
-def inject_hang(cluster, timeout: float = 120, while_hanging=None) -> None:
+def inject_hang(cluster, timeout: float = 120, while_hanging=None, engine: str = "sglang") -> None:
     """Make the head's generation hang (health and model list still answer) until the supervisor acts,
     then let the next start serve again: the knob is read at each request. `while_hanging` runs once
-    the hang is set, before the supervisor can act on it."""
+    the hang is set, before the supervisor can act on it. `engine` is the stand-in's knob section
+    (`sglang` or `vllm`: both stand-ins hang alike, lib/engine_standin.py)."""
     before = restarts(cluster)
-    sim.set_knobs(cluster.instance, cluster.nodes[0].name, {"sglang": {"hang": True}})
+    sim.set_knobs(cluster.instance, cluster.nodes[0].name, {engine: {"hang": True}})
     try:
         if while_hanging:
             while_hanging()
         wait_for(lambda: restarts(cluster) > before or state(cluster).get("state") == "restarting",
                  "the supervisor to act on the hang", timeout, every=POLL)
     finally:
-        sim.set_knobs(cluster.instance, cluster.nodes[0].name, {"sglang": {"hang": False}})
+        sim.set_knobs(cluster.instance, cluster.nodes[0].name, {engine: {"hang": False}})

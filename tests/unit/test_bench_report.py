@@ -68,8 +68,19 @@ def test_markdown_table_rows_and_machine_line():
     lines = text.splitlines()
     assert lines[0].startswith("Median of 3 runs. Machine: 2 cores (AMD EPYC); 23.5 GiB memory; kernel 6.18.44")
     assert "before 4.50/4.20/4.00, after 3.10/3.90/4.10" in lines[0]
-    assert lines[2] == "| figure | measured | baseline | ratio | target | result |"
-    assert lines[4] == "| sync | 300 MiB/s | cp -a: 330 MiB/s | 0.91x | >= 0.8x | pass |"
-    assert lines[5] == "| fast verify | 0.270 s | deep verify: 4.1 s | 0.07x | < 1 s | pass |"
+    assert lines[2] == "| figure | engine | measured | baseline | ratio | target | result |"
+    assert lines[4] == "| sync | any | 300 MiB/s | cp -a: 330 MiB/s | 0.91x | >= 0.8x | pass |"
+    assert lines[5] == "| fast verify | any | 0.270 s | deep verify: 4.1 s | 0.07x | < 1 s | pass |"
     assert "- fast verify: a note" in lines
     assert "smoke" in markdown_table([], machine, runs=1, smoke=True).splitlines()[0]
+
+
+def test_markdown_table_labels_each_row_with_its_engine():
+    machine = {"cores": 2}
+    rows = [figure(name="fault to serving again: head rank SIGKILL", unit="s", engine=engine, notes=["watch 2 s"])
+            for engine in ("sglang", "vllm")]
+    lines = markdown_table(rows, machine, runs=1, smoke=False).splitlines()
+    assert lines[4].startswith("| fault to serving again: head rank SIGKILL | sglang | ")
+    assert lines[5].startswith("| fault to serving again: head rank SIGKILL | vllm | ")
+    assert "- fault to serving again: head rank SIGKILL (vllm): watch 2 s" in lines
+    assert figure(engine="vllm").to_dict()["engine"] == "vllm"
