@@ -43,7 +43,7 @@ ARGS = ("{model} --trust-remote-code --tensor-parallel-size 2 --reasoning-parser
         "--master-addr {master} --master-port 20000 --headless")
 
 
-def exec_start(keyed=True, model="/models/glm53", parser="deepseek_r1", context=65536, seqs=2, master=HEAD_IP):
+def exec_start(*, keyed=True, model="/models/glm53", parser="deepseek_r1", context=65536, seqs=2, master=HEAD_IP):
     """The ExecStart systemd shows for a worker's unit as server.yml renders it (with a key, or without)."""
     program = f"--entrypoint python3 vllm/vllm-openai:glm51-cu130 {LAUNCHER}" if keyed else \
         "--entrypoint vllm vllm/vllm-openai:glm51-cu130 serve"
