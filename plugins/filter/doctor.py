@@ -805,6 +805,14 @@ def _finding(entry, values, evidence, **extra):
     }
 
 
+def _without_superseded(found, catalogue):
+    """The findings less those another one supersedes (an engine's own entry names a line's cause better than an
+    engine-neutral one that matches the same line)."""
+    by_id = {c["id"]: c for c in catalogue or []}
+    superseded = {name for f in found for name in by_id.get(f["id"], {}).get("supersedes") or []}
+    return [f for f in found if f["id"] not in superseded]
+
+
 def findings(node, catalogue, ctx):
     """Findings for the current invocation of one rank: [{id, title, cause, remedy, evidence, last_seen, apply}].
 
@@ -897,9 +905,7 @@ def findings(node, catalogue, ctx):
             values = _values(ctx, flags)
             values["exit"] = outcome.get("exit") if outcome.get("exit") is not None else "?"
             found.append(_finding(generic, values, line or {"t": 0.0, "msg": f"exit {values['exit']}"}, apply={}))
-    # A finding of one engine that names a line's cause better than an engine-neutral one supersedes it.
-    superseded = {s for f in found for s in next((c.get("supersedes") or [] for c in catalogue if c["id"] == f["id"]), [])}
-    found = [f for f in found if f["id"] not in superseded]
+    found = _without_superseded(found, catalogue)
     found.sort(key=lambda f: f["last_seen"], reverse=True)
     unique = {}
     for f in found:
@@ -924,9 +930,7 @@ def history(runs, catalogue, events, kernel, limit=10):
             elif entry.get("exit_kill") and entry["exit_kill"] == kill:
                 seen.append({"id": entry["id"], "title": entry["title"],
                              "evidence": f"exit {run['outcome'].get('exit')}, {kill}"})
-        superseded = {s for f in seen for s in next((c.get("supersedes") or [] for c in catalogue
-                                                      if c["id"] == f["id"]), [])}
-        seen = [f for f in seen if f["id"] not in superseded]
+        seen = _without_superseded(seen, catalogue)
         o = run["outcome"]
         failed = _failed(o)
         how = ("refused: start limit" if o["start_limit"] else

@@ -10,8 +10,13 @@ run -> the stand-in SGLang server (tests/standins/README.md), and the doctor rea
 on DGX OS: the current start of each rank, from the deployed unit, env file and server-args.json,
 with the inventory alone. Everything planted is taken away again at the end.
 
+The same for vLLM (spark_engine: vllm) at the end, its units rendered and started the same way: a
+worker's loopback --master-addr, NCCL's init hang with the HCA not pinned, the broadcast block lost
+to RemoveIPC, the glm45 parser in the units, a context x concurrency the KV cache cannot hold.
+
 The container memory cap (exit 137), the hybrid state cache and the redaction of logged requests
-are tests/integration/test_doctor.py's, on a deployed group.
+are tests/integration/test_doctor.py's, on a deployed group; vLLM's missing sm_121 kernel is
+test_vllm.py's, in the rollback of a failed change.
 """
 
 from __future__ import annotations
@@ -381,7 +386,11 @@ def test_vllm_nccl_hangs_at_init_on_a_node_whose_hcas_are_not_pinned(sim_cluster
     try:
         start(sim_cluster, WORKER, HEAD)
         wait_journal(sim_cluster, WORKER, "vLLM is using nccl==")
-        result, files, _ = run_doctor(sim_cluster, tmp_path, doctor_stall_seconds=1, **VLLM)
+        # Freshly begun: not (yet) a hang.
+        _, files, _ = run_doctor(sim_cluster, tmp_path / "fresh", **VLLM)
+        assert findings(files, WORKER) == {} and findings(files, HEAD) == {}
+        # Silent past the stall time since NCCL's setup began (the node's clock is read in whole seconds).
+        result, files, _ = run_doctor(sim_cluster, tmp_path / "stalled", doctor_stall_seconds=1, **VLLM)
     finally:
         stop(sim_cluster, HEAD, WORKER)
         sh(worker, f"ip addr del {rail2} dev {RAIL2}; systemctl reload spark-sim-roce", check=False)
