@@ -20,6 +20,8 @@ import re
 import shlex
 import time
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import capacity_flag
+
 # Environment variables whose values are secrets, by name (the values are then redacted everywhere).
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE)$", re.IGNORECASE)
 # What secrets look like where the doctor does not know the value. Names are matched exactly as
@@ -195,15 +197,14 @@ def engine_terms(flag_model):
     """How the engine of `flag_model` names what the catalogue's texts speak of: its label, the variable of the
     node's fabric address, its memory share, context and concurrency flags, its rendezvous flag."""
     model = flag_model or {}
-
-    def named(name):
-        spec = flag_named(model, name)
-        return spec["name"] if spec else name
-
+    # The memory share has no mark of its own: vLLM's takes SGLang's name as an alias.
+    memory = flag_named(model, "mem-fraction-static")
     rendezvous = next((s for s in model.get("flags", []) if s.get("rendezvous")), {})
     return {"engine": model.get("engine", "sglang"), "label": model.get("label", "SGLang"),
-            "host_ip_env": model.get("host_ip_env", "SGLANG_HOST_IP"), "memory_flag": named("mem-fraction-static"),
-            "context_flag": named("context-length"), "concurrency_flag": named("max-running-requests"),
+            "host_ip_env": model.get("host_ip_env", "SGLANG_HOST_IP"),
+            "memory_flag": memory["name"] if memory else "mem-fraction-static",
+            "context_flag": capacity_flag(model, "context")["name"] if model else "context-length",
+            "concurrency_flag": capacity_flag(model, "concurrency")["name"] if model else "max-running-requests",
             "rendezvous_flag": rendezvous.get("name", ""), "rendezvous_form": rendezvous.get("rendezvous", "")}
 
 
