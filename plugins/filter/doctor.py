@@ -20,6 +20,8 @@ import re
 import shlex
 import time
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import capacity_flag
+
 # Environment variables whose values are secrets, by name (the values are then redacted everywhere).
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE)$", re.IGNORECASE)
 # What secrets look like where the doctor does not know the value. Names are matched exactly as
@@ -52,6 +54,9 @@ UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainSt
 MAIN_EXIT = re.compile(r"Main process exited, code=(?P<code>\w+), status=(?P<status>\d+)(?:/(?P<name>\S+))?")
 RESULT = re.compile(r"Failed with result '(?P<result>[\w-]+)'")
 START_LIMIT = "Start request repeated too quickly"
+# vLLM's KV cache error's own figures (vllm/v1/core/kv_cache_utils.py).
+KV_FIGURES = re.compile(r"max seq len \((?P<length>\d+)\) is larger than the maximum number of tokens that can be "
+                        r"stored in KV cache \((?P<tokens>\d+)\)")
 # The hybrid state cache error's own figures.
 HYBRID_FIGURES = re.compile(r"max_mamba_cache_size=(?P<size>\d+), mamba_ratio=(?P<ratio>\d+), "
                             r"resulting max_num_reqs=(?P<reqs>\d+)")
@@ -145,13 +150,67 @@ def docker_events(lines):
     return out
 
 
-def unit_args(exec_start):
-    """sglang.launch_server arguments from `systemctl show -p ExecStart` (or a plain command line)."""
+def unit_args(exec_start, flag_model=None):
+    """The engine's arguments from `systemctl show -p ExecStart` (or a plain command line), as server-args.json
+    records them: from SGLang's --model-path on, or from vLLM's positional model directory on (the word before
+    the first long option after the image, whatever launcher - `serve` or the key file's reader - precedes it)."""
     tokens = _exec_tokens(exec_start)
-    for start, word in enumerate(tokens):
-        if word == "--model-path" or word.startswith("--model-path="):
-            return tokens[start:]
-    return []
+    if not _positional(flag_model):
+        for start, word in enumerate(tokens):
+            if word == "--model-path" or word.startswith("--model-path="):
+                return tokens[start:]
+        return []
+    image_at = _image_index(tokens)
+    if image_at is None:
+        return []
+    first = next((i for i in range(image_at + 1, len(tokens)) if tokens[i].startswith("--")), None)
+    if first is None:
+        return []
+    return tokens[first - 1:] if first - 1 > image_at else tokens[first:]
+
+
+def _positional(flag_model):
+    """The flag given without a name, first on the command line (vLLM's model directory), or None."""
+    return next((s["name"] for s in (flag_model or {}).get("flags", []) if s.get("positional")), None)
+
+
+def _image_index(tokens):
+    """Where the image stands in a `docker run` command line (None without one)."""
+    if "run" not in tokens:
+        return None
+    i = tokens.index("run") + 1
+    while i < len(tokens):
+        name, eq, dummy = tokens[i].partition("=")
+        if not tokens[i].startswith("-"):
+            return i
+        i += 2 if not eq and name in DOCKER_VALUED else 1
+    return None
+
+
+def flag_named(flag_model, name):
+    """The flag model's flag called `name` or taking it as an alias (a profile names SGLang's flags), or None."""
+    return next((s for s in (flag_model or {}).get("flags", [])
+                 if s["name"] == name or name in (s.get("aliases") or [])), None)
+
+
+def engine_terms(flag_model):
+    """How the engine of `flag_model` names what the catalogue's texts speak of: its label, the variable of the
+    node's fabric address, its memory share, context and concurrency flags, its rendezvous flag."""
+    model = flag_model or {}
+    # The memory share has no mark of its own: vLLM's takes SGLang's name as an alias.
+    memory = flag_named(model, "mem-fraction-static")
+    rendezvous = next((s for s in model.get("flags", []) if s.get("rendezvous")), {})
+    return {"engine": model.get("engine", "sglang"), "label": model.get("label", "SGLang"),
+            "host_ip_env": model.get("host_ip_env", "SGLANG_HOST_IP"),
+            "memory_flag": memory["name"] if memory else "mem-fraction-static",
+            "context_flag": capacity_flag(model, "context")["name"] if model else "context-length",
+            "concurrency_flag": capacity_flag(model, "concurrency")["name"] if model else "max-running-requests",
+            "rendezvous_flag": rendezvous.get("name", ""), "rendezvous_form": rendezvous.get("rendezvous", "")}
+
+
+def catalogue_for(catalogue, engine):
+    """The catalogue's entries that apply to `engine` (an entry without `engines` applies to every engine)."""
+    return [e for e in catalogue or [] if engine in (e.get("engines") or [engine])]
 
 
 def _exec_tokens(exec_start):
@@ -246,9 +305,9 @@ def deployed_values(unit, args_file_text, flag_model):
     hand_edited: [what the unit runs that server-args.json does not record]}.
     """
     exec_start = (unit or {}).get("ExecStart", "")
-    args = unit_args(exec_start)
+    args = unit_args(exec_start, flag_model)
     opts, image = docker_run_options(exec_start)
-    flags = flag_values(args)
+    flags = _named_values(args, flag_model)
     model = _model_defaults(flag_model)
     derived = {s["name"] for s in (flag_model or {}).get("flags", []) if s.get("kind") == "derived"}
     overrides = {}
@@ -267,13 +326,16 @@ def deployed_values(unit, args_file_text, flag_model):
         recorded = None
     hand = []
     if isinstance(recorded, list) and args:
-        rec = flag_values(recorded)
+        rec = _named_values(recorded, flag_model)
         hand = [f"--{k}" for k in flags if k not in rec or str(rec[k]) != str(flags[k])]
         hand += [f"--{k} (recorded, not in the unit)" for k in rec if k not in flags]
     memory = opts.get("--memory") or opts.get("-m") or ""
+    terms = engine_terms(flag_model)
     return {
         "installed": bool(args),
         "flags": flags,
+        "rendezvous": str(flags.get(terms["rendezvous_flag"]) or "") if terms["rendezvous_flag"] else "",
+        "refused": refused_values(flags, flag_model),
         "overrides": overrides,
         "memory": memory if isinstance(memory, str) else "",
         "memory_bytes": size_bytes(memory) if isinstance(memory, str) else None,
@@ -281,6 +343,32 @@ def deployed_values(unit, args_file_text, flag_model):
         "args_file": recorded if isinstance(recorded, list) else None,
         "hand_edited": hand,
     }
+
+
+def _named_values(args, flag_model):
+    """flag_values, and the positional flag (vLLM's model directory) under its name."""
+    values = flag_values(args)
+    positional = _positional(flag_model)
+    if positional and args and not str(args[0]).startswith("--"):
+        values[positional] = str(args[0])
+    return values
+
+
+def refused_values(flags, flag_model):
+    """The deployed flags whose value the flag model refuses (a unit edited by hand, or written before a rule):
+    [{flag, value, why}], the why in the flag model's own words."""
+    out = []
+    for spec in (flag_model or {}).get("flags", []):
+        value = flags.get(spec["name"])
+        if value is None or value is True:
+            continue
+        text = str(value)
+        why = (spec.get("refuse") or {}).get(text)
+        if why is None and spec.get("require") is not None and text != str(spec["require"]):
+            why = (spec.get("messages") or {}).get(text) or f"{spec['require']} is required: {spec.get('why', '')}"
+        if why is not None:
+            out.append({"flag": spec["name"], "value": text, "why": " ".join(str(why).split())})
+    return out
 
 
 def drift(deployed, flag_model, inventory_overrides, inventory_memory, inventory_image):
@@ -464,6 +552,38 @@ def hybrid_remedy(evidence_text, flags, overrides, ctx):
     return change, text, {"server_flag_overrides": merged}
 
 
+def kv_cache_remedy(evidence_text, flags, overrides, ctx):
+    """vLLM's KV cache cannot hold --max-model-len: concurrency first, then context (the seed's remedy order).
+
+    The cache is what --gpu-memory-utilization leaves after the weights, the profile's peak and the per-sequence
+    linear-attention state, so fewer sequences leave it more tokens: halve --max-num-seqs, keeping the context,
+    while more than one runs; at one sequence the error's own figure is what the cache holds, and --max-model-len
+    goes down to it (a multiple of 1024). Returns (changes, text, apply) with every other deployed override kept.
+    """
+    concurrency = ctx.get("concurrency_flag") or "max-num-seqs"
+    context_flag = ctx.get("context_flag") or "max-model-len"
+    running = _as_int(flags.get(concurrency), 0)
+    m = KV_FIGURES.search(evidence_text or "")
+    context = int(m.group("length")) if m else _as_int(flags.get(context_flag), 0)
+    if not running:
+        return {}, (f"the deployed {concurrency} is unknown: lower {concurrency} first, then {context_flag}"), {}
+    if running > 1:
+        change = {concurrency: max(1, running // 2)}
+        text = (f"{running} sequences each keep their linear-attention state in the memory the KV cache is cut from: "
+                f"lower {concurrency} {running} -> {change[concurrency]} and keep {context_flag} {context or '?'}; a "
+                "start that still fails prints the new figures")
+    elif m and int(m.group("tokens")) >= 1024:
+        tokens = int(m.group("tokens"))
+        change = {context_flag: (tokens // 1024) * 1024}
+        text = (f"{concurrency} is 1 and the cache holds {tokens} tokens: lower {context_flag} {context} -> "
+                f"{change[context_flag]} (a multiple of 1024 at or below the error's figure)")
+    else:
+        return {}, (f"{concurrency} is 1 and the cache holds no full request: less memory for the weights is not "
+                    f"possible here, so raise the memory share or free the GPU's memory"), {}
+    merged = {**(overrides or {}), **change}
+    return change, text, {"server_flag_overrides": merged}
+
+
 def memory_remedy(flags, overrides, deployed, ctx):
     """OOM kill of the container: what a rank holds against the deployed --memory, with the arithmetic.
 
@@ -471,7 +591,8 @@ def memory_remedy(flags, overrides, deployed, ctx):
     --memory caps it. Raise the cap to cover it (primary: the field-tested fraction stays), or lower
     the fraction to fit the cap (if it stays at or above the flag model's minimum).
     """
-    fraction = _as_float(flags.get("mem-fraction-static"), _as_float(ctx.get("default_mem_fraction"), 0.84))
+    share = ctx.get("memory_flag") or "mem-fraction-static"
+    fraction = _as_float(flags.get(share), _as_float(ctx.get("default_mem_fraction"), 0.84))
     total = _as_float(ctx.get("gpu_memory_gib"), 119.7)
     overhead = _as_float(ctx.get("runtime_overhead_gib"), 4.0)
     margin = _as_float(ctx.get("memory_margin_gib"), 1.0)
@@ -479,7 +600,7 @@ def memory_remedy(flags, overrides, deployed, ctx):
     cap_bytes = (deployed or {}).get("memory_bytes")
     cap = (deployed or {}).get("memory") or "no --memory"
     need = fraction * total + overhead
-    text = (f"a rank holds about mem-fraction-static {fraction:g} x {total:g} GiB (GB10 memory as the GPU sees it) + "
+    text = (f"a rank holds about {share} {fraction:g} x {total:g} GiB (GB10 memory as the GPU sees it) + "
             f"{overhead:g} GiB runtime overhead = {need:.1f} GiB")
     apply, alternative = {}, {}
     if cap_bytes:
@@ -492,17 +613,17 @@ def memory_remedy(flags, overrides, deployed, ctx):
         if need + margin <= total:
             apply = {"server_container_memory": f"{raise_to}g"}
             options.append(f"raise server_container_memory {cap} -> {raise_to}g ({need:.1f} + {margin:g} GiB "
-                           f"margin, rounded up), keeping mem-fraction-static {fraction:g}")
+                           f"margin, rounded up), keeping {share} {fraction:g}")
         if lower >= floor:
-            alt = {"server_flag_overrides": {**(overrides or {}), "mem-fraction-static": lower}}
+            alt = {"server_flag_overrides": {**(overrides or {}), share: lower}}
             if apply:
                 alternative = alt
             else:
                 apply = alt
-            options.append(f"or lower mem-fraction-static {fraction:g} -> {lower:g} (({cap_gib:.1f} - {overhead:g} - "
+            options.append(f"or lower {share} {fraction:g} -> {lower:g} (({cap_gib:.1f} - {overhead:g} - "
                            f"{margin:g}) / {total:g}, rounded down) to fit {cap}")
         if not options:
-            options.append(f"mem-fraction-static cannot go below {floor:g} and the GPU has {total:g} GiB: free the "
+            options.append(f"{share} cannot go below {floor:g} and the GPU has {total:g} GiB: free the "
                            "node's memory")
         text += "; " + "; ".join(options)
     else:
@@ -534,7 +655,7 @@ def props(text):
 
 def probe_problems(raw, ctx):
     """Problems the probes show without any log line: {probe name: evidence text}, empty when fine."""
-    problems = {}
+    problems = deployed_problems(ctx)
     if not raw:
         return problems
     if raw.get("load_state") == "not-found":
@@ -560,8 +681,9 @@ def probe_problems(raw, ctx):
             f" (expected dev {ctx.get('fabric_interface')})"
     env = parse_env(raw.get("env_text")) if raw.get("env_rc") in (0, "0") else None
     if env is not None:
-        if env.get("SGLANG_HOST_IP") and ctx.get("fabric_ip") and env["SGLANG_HOST_IP"] != ctx["fabric_ip"]:
-            problems["env_host_ip"] = f"SGLANG_HOST_IP={env['SGLANG_HOST_IP']} but spark_fabric_ip is {ctx['fabric_ip']}"
+        name = ctx.get("host_ip_env") or "SGLANG_HOST_IP"
+        if env.get(name) and ctx.get("fabric_ip") and env[name] != ctx["fabric_ip"]:
+            problems["env_host_ip"] = f"{name}={env[name]} but spark_fabric_ip is {ctx['fabric_ip']}"
         ifnames = {k: v for k, v in env.items()
                    if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") and v != ctx.get("fabric_interface")}
         if ifnames:
@@ -572,11 +694,30 @@ def probe_problems(raw, ctx):
     return problems
 
 
+def deployed_problems(ctx):
+    """What the loaded unit runs that cannot work: a rendezvous address other than the head's fabric address,
+    a flag value the flag model refuses."""
+    problems = {}
+    deployed = ctx.get("deployed") or {}
+    where, head = str(deployed.get("rendezvous") or ""), str(ctx.get("head_fabric_ip") or "")
+    if where and head and head != "unset":
+        host = where.rpartition(":")[0] if ctx.get("rendezvous_form") == "address_port" else where
+        if host.strip("[]") != head:
+            loopback = host.startswith("127.") or host in ("localhost", "::1", "[::1]")
+            problems["rendezvous_address"] = (
+                f"--{ctx.get('rendezvous_flag')} {where} in the unit: rank 0 (the head) listens on its fabric address "
+                f"{head}" + ("; a loopback address points this rank at its own node" if loopback else ""))
+    refused = deployed.get("refused") or []
+    if refused:
+        problems["flag_refused"] = "; ".join(f"--{r['flag']} {r['value']}: {r['why']}" for r in refused)
+    return problems
+
+
 # Findings of the probes (what the node is like now), as opposed to what the start itself showed.
 PROBE_IDS = {"unit_missing", "gpu_unavailable", "fabric_link", "fabric_down", "fabric_carrier", "fabric_mtu",
-             "fabric_route", "env_host_ip", "env_ifname", "env_offline"}
+             "fabric_route", "env_host_ip", "env_ifname", "env_offline", "rendezvous_address", "flag_refused"}
 FABRIC_PROBES = ("fabric_link", "fabric_down", "fabric_carrier", "fabric_mtu", "fabric_route", "env_host_ip",
-                 "env_ifname")
+                 "env_ifname", "rendezvous_address")
 
 
 def _matches(entry, entries):
@@ -642,7 +783,8 @@ def _peer_story(node, peers, at=0.0):
 
 
 def _values(ctx, flags):
-    values = _Defaulting(ctx)
+    # A context without the engine's names (a caller of an earlier version) speaks of SGLang's.
+    values = _Defaulting({**engine_terms(None), **(ctx or {})})
     values.update({f.replace("-", "_"): v for f, v in (flags or {}).items()})
     return values
 
@@ -662,6 +804,14 @@ def _finding(entry, values, evidence, **extra):
         "last_seen": evidence["t"],
         **extra,
     }
+
+
+def _without_superseded(found, catalogue):
+    """The findings less those another one supersedes (an engine's own entry names a line's cause better than an
+    engine-neutral one that matches the same line)."""
+    by_id = {c["id"]: c for c in catalogue or []}
+    superseded = {name for f in found for name in by_id.get(f["id"], {}).get("supersedes") or []}
+    return [f for f in found if f["id"] not in superseded]
 
 
 def findings(node, catalogue, ctx):
@@ -724,6 +874,10 @@ def findings(node, catalogue, ctx):
             change, text, apply = hybrid_remedy(evidence["msg"], flags, overrides, ctx)
             values["next_step"] = text + (f"; apply with: {_apply_text(apply)}" if apply else "")
             extra.update(apply=apply, override=change)
+        elif suggest == "kv_cache_from_figures":
+            change, text, apply = kv_cache_remedy(evidence["msg"], flags, overrides, ctx)
+            values["next_step"] = text + (f"; apply with: {_apply_text(apply)}" if apply else "")
+            extra.update(apply=apply, override=change)
         elif suggest == "memory_from_figures":
             text, apply, alternative = memory_remedy(flags, overrides, ctx.get("deployed"), ctx)
             values["next_step"] = text + (f"; apply with: {_apply_text(apply)}" if apply else "")
@@ -737,6 +891,9 @@ def findings(node, catalogue, ctx):
                                else "every peer's rank was running then")
             values["own_fabric"] = "; ".join(own_fabric) or "none on this node (link, MTU, route, env file)"
             values["rank_error"] = evidence["msg"][:200]
+            values["peer_rendezvous"] = "; ".join(
+                f"{p.get('host', '?')} (rank {p.get('rank', '?')}) joins at {p.get('rendezvous') or 'unknown'}"
+                for p in node.get("peers") or [] if p.get("runs") is not None) or "unknown"
             if (absent or died) and not own_fabric:
                 target = "peer_absent" if absent else "peer_exited"
                 found.append(_finding(next(c for c in catalogue if c["id"] == target), values, evidence, apply={}))
@@ -749,6 +906,7 @@ def findings(node, catalogue, ctx):
             values = _values(ctx, flags)
             values["exit"] = outcome.get("exit") if outcome.get("exit") is not None else "?"
             found.append(_finding(generic, values, line or {"t": 0.0, "msg": f"exit {values['exit']}"}, apply={}))
+    found = _without_superseded(found, catalogue)
     found.sort(key=lambda f: f["last_seen"], reverse=True)
     unique = {}
     for f in found:
@@ -773,6 +931,7 @@ def history(runs, catalogue, events, kernel, limit=10):
             elif entry.get("exit_kill") and entry["exit_kill"] == kill:
                 seen.append({"id": entry["id"], "title": entry["title"],
                              "evidence": f"exit {run['outcome'].get('exit')}, {kill}"})
+        seen = _without_superseded(seen, catalogue)
         o = run["outcome"]
         failed = _failed(o)
         how = ("refused: start limit" if o["start_limit"] else
@@ -930,6 +1089,7 @@ def peer_summary(ev, host, rank, own_findings):
               if f["id"] not in ("fabric_mtu", "fabric_route", "env_offline", "gpu_unavailable")]
     state = ev["facts"]["unit"]
     return {"host": host, "rank": rank, "runs": ev["runs"], "why": titles[0] if titles else "",
+            "rendezvous": (ev.get("deployed") or {}).get("rendezvous") or "",
             "state": f"{state.get('ActiveState') or '?'}/{state.get('SubState') or '?'}"}
 
 
@@ -1029,4 +1189,6 @@ class FilterModule:
             "doctor_peer_summaries": peer_summaries,
             "doctor_bundle_files": bundle_files,
             "doctor_supervisor_reads": supervisor_reads,
+            "doctor_engine_terms": engine_terms,
+            "doctor_catalogue": catalogue_for,
         }

@@ -10,8 +10,13 @@ run -> the stand-in SGLang server (tests/standins/README.md), and the doctor rea
 on DGX OS: the current start of each rank, from the deployed unit, env file and server-args.json,
 with the inventory alone. Everything planted is taken away again at the end.
 
+The same for vLLM (spark_engine: vllm) at the end, its units rendered and started the same way: a
+worker's loopback --master-addr, NCCL's init hang with the HCA not pinned, the broadcast block lost
+to RemoveIPC, the glm45 parser in the units, a context x concurrency the KV cache cannot hold.
+
 The container memory cap (exit 137), the hybrid state cache and the redaction of logged requests
-are tests/integration/test_doctor.py's, on a deployed group.
+are tests/integration/test_doctor.py's, on a deployed group; vLLM's missing sm_121 kernel is
+test_vllm.py's, in the rollback of a failed change.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib import node_state
 from tests.lib.doctor import (
     BUNDLE,
     drift,
@@ -298,3 +304,158 @@ def test_a_rank_that_found_no_rdma_device_serves_over_sockets_and_is_named(sim_c
         stop(sim_cluster, HEAD, WORKER)
         knobs(WORKER, {"roce": {"roce_v2": True}})
         sh(worker, "systemctl reload spark-sim-roce")
+
+
+# --- vLLM (spark_engine: vllm) on the same pair -------------------------------------------------------------
+# The units server.yml would install for vLLM (its upstream image, the stand-in told that the image carries the
+# sparse-MLA fix: no kernel image for sm_121 is test_vllm.py's, through the rollback a failed change runs), started
+# as the SGLang ones above; the doctor run for the site's engine (-e spark_engine=vllm).
+
+VLLM = {"spark_engine": "vllm", "server_image": "vllm/vllm-openai:glm51-cu130"}
+VLLM_KNOBS = {"spark-0": {"vllm": {"rendezvous_timeout": 6, "load_seconds": 0.2, "sparse_mla_sm121": True}},
+              "spark-1": {"vllm": {"rendezvous_timeout": 30, "load_seconds": 0.2, "sparse_mla_sm121": True}}}
+RAIL2 = "enP2p1s0f1np1"
+LOGIND_DROPIN = "/etc/systemd/logind.conf.d/90-doctor-test.conf"
+
+
+@pytest.fixture(scope="module")
+def rendered_vllm(sim_cluster, rendered, tmp_path_factory):
+    """The vLLM units, env files and server-args.json of each node ({name: {unit, env, args}}), the vLLM image
+    pulled; the nodes' knobs as they were afterwards (the rest goes with `rendered`)."""
+    out = tmp_path_factory.mktemp("rendered-vllm")
+    result = run_playbook("playbooks/render.yml", sim_cluster.inventory, extravars={
+        "server_render_dir": str(out), "server_api_key": API_KEY, **VLLM})
+    assert result.rc == 0, result.stdout[-3000:]
+    files = {n.name: {name: (out / n.name / f"spark-llm.{name}").read_text() for name in ("service", "env")}
+             for n in sim_cluster.nodes}
+    files = {name: {"unit": f["service"], "env": f["env"], "args": (out / name / "server-args.json").read_text()}
+             for name, f in files.items()}
+    before = node_state.knobs_of(sim_cluster)
+    try:
+        for n in sim_cluster.nodes:
+            sim.set_knobs(sim_cluster.instance, n.name, VLLM_KNOBS[n.name])
+            sh(n, f"docker pull -q {VLLM['server_image']} >/dev/null")
+        yield files
+    finally:
+        node_state.restore_knobs(sim_cluster, before)
+
+
+def install_vllm(cluster, files, name, unit=None, env=None):
+    put(node(cluster, name), ARGS_FILE, files[name]["args"])
+    install(cluster, files, name, unit=unit or files[name]["unit"], env=env or files[name]["env"])
+
+
+def test_vllm_a_workers_loopback_master_address_times_out_rank_0s_store(sim_cluster, rendered_vllm, tmp_path):
+    """The worker's unit edited to vLLM's default --master-addr 127.0.0.1: it looks for the store on its own node,
+    the head's store gives up (`DistStoreError ... 1/2 clients joined`); the doctor names the worker's address."""
+    head = node(sim_cluster, HEAD)
+    install_vllm(sim_cluster, rendered_vllm, HEAD)
+    install_vllm(sim_cluster, rendered_vllm, WORKER, unit=edited(
+        rendered_vllm[WORKER]["unit"], (f"--master-addr {head.fabric_ip} ", "--master-addr 127.0.0.1 ")))
+    start(sim_cluster, WORKER, HEAD)
+    try:
+        wait_down(sim_cluster, HEAD)
+        result, files, _ = run_doctor(sim_cluster, tmp_path, **VLLM)
+    finally:
+        stop(sim_cluster, HEAD, WORKER)
+    on_head, on_worker = findings(files, HEAD), findings(files, WORKER)
+    assert set(on_head) == {"rendezvous_store_timeout"}, sorted(on_head)
+    f = on_head["rendezvous_store_timeout"]
+    assert "DistStoreError: Timed out after 7 seconds waiting for clients. 1/2 clients joined." in f["evidence"]
+    assert f"--master-addr {head.fabric_ip}:20000" in f["cause"] and "spark-1 (rank 1) joins at 127.0.0.1" in f["cause"]
+    assert "playbooks/server.yml" in f["remedy"] and "playbooks/restart.yml" in f["remedy"]
+    assert set(on_worker) == {"rendezvous_address"}, sorted(on_worker)
+    assert on_worker["rendezvous_address"]["evidence"] == (
+        f"--master-addr 127.0.0.1 in the unit: rank 0 (the head) listens on its fabric address {head.fabric_ip}; a "
+        "loopback address points this rank at its own node")
+    text = shown(result)
+    assert f"{HEAD}: Rank 0's store timed out waiting for the other nodes" in text
+    assert "the unit runs what server-args.json does not record: --master-addr (edited by hand)" in text
+    assert "deployed vLLM: max-num-seqs 2, max-model-len 65536, gpu-memory-utilization 0.84, --memory 120g" in text
+    assert {e["task"] for e in result.changed} <= {BUNDLE}
+
+
+def test_vllm_nccl_hangs_at_init_on_a_node_whose_hcas_are_not_pinned(sim_cluster, rendered_vllm, tmp_path):
+    """The worker's second rail has an address too, so NCCL finds two RoCE devices, and the rendered env file (no
+    fabric.yml ran) pins none: its communicator setup spins for ever; a hang once silent for the stall time."""
+    worker = node(sim_cluster, WORKER)
+    rail2 = f"{'.'.join(sim_cluster.rail2_subnet.split('.')[:3])}.{11 + worker.rank}/24"
+    install_vllm(sim_cluster, rendered_vllm, HEAD)
+    install_vllm(sim_cluster, rendered_vllm, WORKER)
+    sh(worker, f"ip addr add {rail2} dev {RAIL2} && systemctl reload spark-sim-roce")
+    try:
+        start(sim_cluster, WORKER, HEAD)
+        wait_journal(sim_cluster, WORKER, "vLLM is using nccl==")
+        # Freshly begun: not (yet) a hang.
+        _, files, _ = run_doctor(sim_cluster, tmp_path / "fresh", **VLLM)
+        assert findings(files, WORKER) == {} and findings(files, HEAD) == {}
+        # Silent past the stall time since NCCL's setup began (the node's clock is read in whole seconds).
+        result, files, _ = run_doctor(sim_cluster, tmp_path / "stalled", doctor_stall_seconds=1, **VLLM)
+    finally:
+        stop(sim_cluster, HEAD, WORKER)
+        sh(worker, f"ip addr del {rail2} dev {RAIL2}; systemctl reload spark-sim-roce", check=False)
+    on_worker = findings(files, WORKER)
+    assert set(on_worker) == {"nccl_init_hang"}, (sorted(on_worker), files[f"{WORKER}/journal.log"][-2500:],
+                                                  files[f"{WORKER}/facts.json"][:1500])
+    f = on_worker["nccl_init_hang"]
+    assert "vLLM is using nccl==" in f["evidence"]
+    assert "env file: NCCL_IB_HCA unset" in f["cause"] and "every peer's rank was running then" in f["cause"]
+    assert "NCCL_IB_HCA" in f["remedy"] and "playbooks/fabric.yml" in f["remedy"]
+    assert findings(files, HEAD) == {}
+    assert f"{WORKER}: NCCL's communicator setup hangs (the RoCE HCA not pinned)" in shown(result)
+
+
+def test_vllm_a_worker_loses_its_broadcast_block_to_remove_ipc_and_glm45_drops_replies(
+        sim_cluster, rendered_vllm, tmp_path):
+    """The worker's systemd-logind removes IPC objects (a drop-in sets RemoveIPC=yes): its rank waits for a
+    broadcast block for ever (vLLM's warning every second here, every 60 s by default). Both units were edited to
+    vLLM's glm45 reasoning parser, which the doctor names from the units (its drop is silent)."""
+    worker = node(sim_cluster, WORKER)
+    glm45 = ("--reasoning-parser deepseek_r1 ", "--reasoning-parser glm45 ")
+    install_vllm(sim_cluster, rendered_vllm, HEAD, unit=edited(rendered_vllm[HEAD]["unit"], glm45))
+    install_vllm(sim_cluster, rendered_vllm, WORKER, unit=edited(rendered_vllm[WORKER]["unit"], glm45),
+                 env=rendered_vllm[WORKER]["env"] + "VLLM_RINGBUFFER_WARNING_INTERVAL=1\n")
+    had_dropins = sh(worker, f"test -d {Path(LOGIND_DROPIN).parent} && echo yes; true").strip() == "yes"
+    put(worker, LOGIND_DROPIN, "[Login]\nRemoveIPC=yes\n")
+    try:
+        start(sim_cluster, WORKER, HEAD)
+        wait_journal(sim_cluster, WORKER, "No available shared memory broadcast block found in 1 seconds")
+        result, files, _ = run_doctor(sim_cluster, tmp_path, **VLLM)
+    finally:
+        stop(sim_cluster, HEAD, WORKER)
+        sh(worker, f"rm -f {LOGIND_DROPIN}" + ("" if had_dropins else f" && rmdir {Path(LOGIND_DROPIN).parent}"))
+    on_head, on_worker = findings(files, HEAD), findings(files, WORKER)
+    assert set(on_worker) == {"shm_broadcast_block", "flag_refused"}, sorted(on_worker)
+    f = on_worker["shm_broadcast_block"]
+    assert "No available shared memory broadcast block found in 1 seconds" in f["evidence"]
+    assert "RemoveIPC=yes" in f["cause"] and "RemoveIPC=no" in f["remedy"]
+    assert set(on_head) == {"flag_refused"}, sorted(on_head)
+    for found in (on_head, on_worker):
+        assert found["flag_refused"]["evidence"].startswith(
+            "--reasoning-parser glm45: vLLM's glm45 reasoning parser silently drops the whole reply")
+    assert drift(files, HEAD)["flag reasoning-parser"] == ("deepseek_r1", "glm45")
+    assert f"{HEAD}: The rank runs a flag value the flag model refuses" in shown(result)
+
+
+def test_vllm_a_context_the_kv_cache_cannot_hold_asks_for_fewer_sequences_first(sim_cluster, rendered_vllm, tmp_path):
+    """Both units edited to 8 sequences at 64k: node 0's engine core finds the KV cache too small for one request
+    (vLLM's max_model_len check) and the worker goes down with it."""
+    eight = ("--max-num-seqs 2 ", "--max-num-seqs 8 ")
+    for name in (WORKER, HEAD):
+        install_vllm(sim_cluster, rendered_vllm, name, unit=edited(rendered_vllm[name]["unit"], eight))
+    start(sim_cluster, WORKER, HEAD)
+    try:
+        wait_down(sim_cluster, WORKER, HEAD)
+    finally:
+        stop(sim_cluster, WORKER, HEAD)
+    _, files, _ = run_doctor(sim_cluster, tmp_path, **VLLM)
+    on_head, on_worker = findings(files, HEAD), findings(files, WORKER)
+    assert set(on_head) == {"kv_cache_too_small"}, sorted(on_head)
+    f = on_head["kv_cache_too_small"]
+    assert "The model's max seq len (65536) is larger than the maximum number of tokens that can be stored in KV cache" \
+        in f["evidence"]
+    assert f["apply"] == {"server_flag_overrides": {"max-num-seqs": 4}}
+    assert "lower max-num-seqs 8 -> 4 and keep max-model-len 65536" in f["remedy"]
+    assert set(on_worker) == {"peer_exited"}, sorted(on_worker)
+    assert f"{HEAD} (rank 0) ended at" in on_worker["peer_exited"]["cause"]
+    assert "The KV cache cannot hold the context" in on_worker["peer_exited"]["cause"]

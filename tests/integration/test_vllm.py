@@ -160,6 +160,9 @@ def test_vllm_s_upstream_image_cannot_start_on_gb10_and_the_group_goes_back(site
     message = result.failure_messages()
     assert ROLLED_BACK in message, message or result.stdout[-3000:]
     assert "vLLM did not come up" in message and "no kernel image is available for execution on the device" in message
+    # The doctor diagnosed the failed start before it went back (the same on the worker).
+    assert "The doctor on the failed start: spark-0: The image has no kernel for GB10 (sm_121)" in message, message
+    assert "Deploy a derived image that carries the fix: set server_image_build_context" in message
     assert {n.name: running_image(n) for n in site.cluster.nodes} == before
     assert generate(site.cluster)
 

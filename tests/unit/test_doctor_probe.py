@@ -142,4 +142,5 @@ def test_a_peer_outside_the_run_is_unknown_and_one_in_it_is_summarised():
     hostvars = {"spark-0": {}, "spark-1": {"__doctor_evidence": ev, "__doctor_own": []}}
     peers = doctor.peer_summaries(["spark-0", "spark-1"], hostvars, ["spark-0", "spark-1"])
     assert peers[0] == {"host": "?", "runs": None}
-    assert peers[1] == {"host": "spark-1", "rank": 1, "runs": [{"id": "x"}], "why": "", "state": "failed/failed"}
+    assert peers[1] == {"host": "spark-1", "rank": 1, "runs": [{"id": "x"}], "why": "", "rendezvous": "",
+                        "state": "failed/failed"}
