@@ -249,7 +249,7 @@ def test_bad_input_is_refused_before_any_request_or_restart(standin, inventory, 
     assert {task for role, task in ran if role in ("tune", "fabric", "server", "verify")
             and not task.startswith("Validating arguments")} <= {"Refuse unusable tune settings before any restart",
                                                                   "Compute the launch plan from the flag model",
-                                                                  "Refuse invalid SGLang server settings before any change"}
+                                                                  "Refuse invalid server settings before any change"}
 
 
 def test_ctrl_c_leaves_no_client_running(standin, inventory, tmp_path):
