@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Group supervisor of the SGLang TP group: one rank per node, rank 0 on the head serves HTTP.
+"""Group supervisor of the TP group (either engine): one rank per node, rank 0 on the head serves HTTP.
 
 A TP group lives or dies as one: a rank alone cannot serve and holds its GPU memory, and a
 frozen rank stalls every generation while /health stays green. This program runs on the head
