@@ -148,9 +148,15 @@ def tune_args_point(content, model):
     return [_count(flags.get(_capacity(model, role)["name"])) for role in ROLES]
 
 
-def tune_base_id(base, image, revision):
-    """What the frontier depends on besides the two flags: a record made under other settings is not reused."""
-    text = json.dumps({"flags": base, "image": image, "revision": revision}, sort_keys=True, default=str)
+def tune_base_id(base, image, revision, build=None):
+    """What the frontier depends on besides the two flags: a record made under other settings is not reused.
+
+    ``build``: a derived image's pinned context files, whose change is another image on the same base. Left out
+    of the text when empty, so that a record made without a build keeps its ID."""
+    settings = {"flags": base, "image": image, "revision": revision}
+    if build:
+        settings["build"] = build
+    text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -356,3 +356,14 @@ def test_a_flag_model_without_a_shared_name_for_a_capacity_flag_is_a_defect_name
                                            for f in models["vllm"]["flags"]]}
     with pytest.raises(ValueError, match="no name of the concurrency flag is known to every engine's flag model"):
         TUNE.tune_profile_keys({**models, "vllm": renamed})
+
+
+def test_a_record_made_under_another_build_of_the_image_is_not_resumed():
+    """The derived image's context pins are part of the record's ID; a site without a build keeps its old ID."""
+    base_id = TUNE.tune_base_id
+    flags = {"context-length": 65536}
+    without = base_id(flags, "vllm/vllm-openai:glm51-cu130", "")
+    assert base_id(flags, "vllm/vllm-openai:glm51-cu130", "", {}) == without
+    one = base_id(flags, "vllm/vllm-openai:glm51-cu130", "", {"Dockerfile": "a" * 64})
+    other = base_id(flags, "vllm/vllm-openai:glm51-cu130", "", {"Dockerfile": "b" * 64})
+    assert len({without, one, other}) == 3
