@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 import time
 import types
 
@@ -22,7 +20,7 @@ import pytest
 from tests.lib.playbook import REPO
 from tests.lib.prometheus_tools import sample
 from tests.lib.roles import filter_plugin, flag_model
-from tests.unit.test_monitoring_metrics import collect, promql_metrics
+from tests.unit.test_monitoring_metrics import collect, gpu_holder, promql_metrics
 
 FILTER = filter_plugin("monitoring")
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"
@@ -141,12 +139,7 @@ def test_the_runbooks_name_the_engines_concurrency_flag():
 
 def test_the_collector_knows_a_vllm_rank_by_the_engine_its_flag_model_names(tmp_path):
     """A process holding the GPU under vLLM's process title is the rank's for a vLLM group, not for SGLang's."""
-    device = tmp_path / "root" / "var/lib/spark-sim/gpu/nvidia0"
-    device.parent.mkdir(parents=True)
-    device.touch()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); time.sleep(60)",
-                               str(device), "VLLM::Worker_TP0"])
-    try:
+    with gpu_holder(tmp_path, "VLLM::Worker_TP0"):
         process = flag_model("vllm")["monitoring"]["process"]
         deadline = time.monotonic() + 10
         while sample(found := collect(tmp_path, "--rank-process", process), "spark_gpu_compute_processes",
@@ -156,6 +149,3 @@ def test_the_collector_knows_a_vllm_rank_by_the_engine_its_flag_model_names(tmp_
         sglang = collect(tmp_path, "--rank-process", flag_model("sglang")["monitoring"]["process"])
         assert sample(sglang, "spark_gpu_compute_processes", gpu="0") == 1
         assert sample(sglang, "spark_rank_process_present") == 0
-    finally:
-        holder.kill()
-        holder.wait()

@@ -11,6 +11,7 @@ one of those outputs, the real node exporter's (Debian's package) or the alert r
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import os
@@ -241,14 +242,23 @@ def test_the_collector_reports_a_gb10_its_unified_memory_as_not_supported(tmp_pa
     assert sample(found, "spark_supervisor_state", state="healthy") is None
 
 
-def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(tmp_path):
+@contextlib.contextmanager
+def gpu_holder(tmp_path, title: str):
+    """A process with the node root's GPU device open whose command line carries `title`, as a rank's does."""
     device = tmp_path / "root" / "var/lib/spark-sim/gpu/nvidia0"
     device.parent.mkdir(parents=True)
     device.touch()
-    # A process with the GPU open whose command line names SGLang, as a rank's does.
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); time.sleep(60)",
-                               str(device), "sglang.launch_server"])
+                               str(device), title])
     try:
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(tmp_path):
+    with gpu_holder(tmp_path, "sglang.launch_server"):
         state = tmp_path / "supervisor"
         state.mkdir()
         (state / "state.json").write_text(json.dumps({"state": "probing-failed", "failures": 2,
@@ -265,9 +275,6 @@ def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(
         assert sample(found, "spark_supervisor_probe_failures") == 2
         assert sample(found, "spark_supervisor_restarts") == 1
         assert sample(found, "spark_supervisor_gave_up") == 0
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def rdma_port(root, device, netdev, *, state, gids):
