@@ -17,6 +17,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import CAPACITY_ROLES, capacity_flag
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials, layout
 
 # The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
@@ -152,6 +153,15 @@ def spark_settings_spec(names):
     return {name: options[name] for name in names if name in options}
 
 
+def spark_capacity_flags(model):
+    """{context: name, concurrency: name}: the engine's own names of its two capacity flags (the flag model's
+    `capacity` marks), for texts that give the seed's remedy order."""
+    try:
+        return {role: capacity_flag(model, role)["name"] for role in CAPACITY_ROLES}
+    except ValueError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
 # Read here, in the process that imports the filters: the controller's plugin cache (callback_plugins) imports
 # them before the task workers fork, so no worker parses the specs again. Unreadable specs are left to the call.
 with contextlib.suppress(OSError, yaml.YAMLError, KeyError, TypeError):
@@ -163,4 +173,4 @@ class FilterModule:
         return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
                 "spark_project_dir": spark_project_dir, "spark_credential_file": spark_credential_file,
                 "spark_legacy_credentials": spark_legacy_credentials, "spark_legacy_paths": spark_legacy_paths,
-                "spark_settings_spec": spark_settings_spec}
+                "spark_settings_spec": spark_settings_spec, "spark_capacity_flags": spark_capacity_flags}

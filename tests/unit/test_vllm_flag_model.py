@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.lib.roles import flag_model, keyed_launcher
+from tests.lib.roles import filter_plugin, flag_model, keyed_launcher
 from tests.lib.server_plan import FILTER, ctx
 
 VLLM = flag_model("vllm")
@@ -451,3 +451,12 @@ def test_ranks_that_the_inventory_gives_different_engines_are_refused():
     # An engine the inventory does not set (the role's default is in no hostvars) is no disagreement.
     del hostvars["spark-1"]["spark_engine"]
     assert FILTER.server_plan(c, VLLM, hostvars)["errors"] == []
+
+
+def test_each_engine_names_its_capacity_flags_for_the_remedy_order():
+    """A failed start's summary gives the seed's remedy order in the engine's own flag names."""
+    names = filter_plugin("spark").spark_capacity_flags
+    assert names(flag_model("sglang")) == {"context": "context-length", "concurrency": "max-running-requests"}
+    assert names(flag_model("vllm")) == {"context": "max-model-len", "concurrency": "max-num-seqs"}
+    with pytest.raises(Exception, match="no flag with capacity: context"):
+        names({"label": "X", "flags": []})
