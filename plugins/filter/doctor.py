@@ -20,7 +20,7 @@ import re
 import shlex
 import time
 
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import capacity_flag
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import capacity_flag, launch_flags
 
 # Environment variables whose values are secrets, by name (the values are then redacted everywhere).
 SECRET_ENV_NAME = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE)$", re.IGNORECASE)
@@ -245,24 +245,6 @@ def docker_run_options(exec_start):
     return opts, ""
 
 
-def flag_values(args):
-    values = {}
-    i = 0
-    while i < len(args):
-        token = str(args[i])
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            if eq:
-                values[name] = inline
-            elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
-                values[name] = str(args[i + 1])
-                i += 1
-            else:
-                values[name] = True
-        i += 1
-    return values
-
-
 def size_bytes(text):
     """docker's sizes (120g, 512m, bytes) -> bytes; None when it is not one."""
     match = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", str(text or ""), re.IGNORECASE)
@@ -346,8 +328,8 @@ def deployed_values(unit, args_file_text, flag_model):
 
 
 def _named_values(args, flag_model):
-    """flag_values, and the positional flag (vLLM's model directory) under its name."""
-    values = flag_values(args)
+    """launch_flags, and the positional flag (vLLM's model directory) under its name."""
+    values = launch_flags(args)
     positional = _positional(flag_model)
     if positional and args and not str(args[0]).startswith("--"):
         values[positional] = str(args[0])

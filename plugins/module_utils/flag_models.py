@@ -23,11 +23,21 @@ def flag_names(spec):
 
 
 def launch_flags(args):
-    """{flag without dashes: value, or True for a bare switch} of a launch argument list (server-args.json)."""
-    out = {}
+    """{flag without dashes: value, or True for a bare switch} of a launch argument list (server-args.json, or a
+    unit's command line from the model on), also in the `--flag=value` form."""
+    values = {}
     args = args if isinstance(args, list) else []
-    for i, token in enumerate(args):
-        if isinstance(token, str) and token.startswith("--"):
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            out[token[2:]] = nxt if isinstance(nxt, str) and not nxt.startswith("--") else True
-    return out
+    i = 0
+    while i < len(args):
+        token = str(args[i])
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            if eq:
+                values[name] = inline
+            elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+                values[name] = str(args[i + 1])
+                i += 1
+            else:
+                values[name] = True
+        i += 1
+    return values
