@@ -407,6 +407,9 @@ def firewall_plan(ctx, hostvars=None):
                 "its management IP address as ansible_host.")
         return address
 
+    # The clients themselves, before the hosts named: a service that serves them (the model gateway) admits these.
+    client_nets = list(nets or [])
+    client_source = clients_source
     # The HTTP port admits the hosts named too (the monitoring host scrapes /metrics there).
     extra = [a for a in (named_address(h, "spark_monitor") for h in ctx.get("http_client_hosts") or []) if a]
     if nets is not None and extra and is_head:
@@ -429,10 +432,16 @@ def firewall_plan(ctx, hostvars=None):
                           f"{svc.get('name', 'service')}.")
             continue
         taken[port] = var
-        svc_nets = _networks(svc.get("clients"), svc.get("clients_var") or var, errors) or []
+        if svc.get("clients_as_http"):
+            # The endpoint's clients, as the HTTP port would admit them (the default: the head's subnet).
+            svc_nets = list(client_nets)
+        else:
+            svc_nets = _networks(svc.get("clients"), svc.get("clients_var") or var, errors) or []
         hosts = [a for a in (named_address(h, "spark_monitor") for h in svc.get("client_hosts") or []) if a]
         svc_nets += [ipaddress.ip_network(_host_prefix(a)) for a in hosts]
         who = [str(n) for n in svc_nets]
+        if svc.get("clients_as_http") and client_source:
+            who = [client_source] + [str(ipaddress.ip_network(_host_prefix(a))) for a in hosts]
         services.append({
             "name": str(svc.get("name") or f"port {port}"), "port": port, "var": var, "chain": f"port_{port}",
             "ip": [str(n) for n in svc_nets if n.version == 4], "ip6": [str(n) for n in svc_nets if n.version == 6],

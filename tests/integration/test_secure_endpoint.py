@@ -6,7 +6,8 @@ One pair: check mode on it fresh (it works and writes nothing), one TLS deployme
 ask, in file order: the key file; where the key is (and is not) on controller and nodes (the render
 never sees a generated key: tests/integration/test_render.py checks a given one stays out of it); who
 is served over TLS and plain HTTP; a stream token by token through the proxy; verify; status; the
-doctor's bundle. The last one turns TLS off again. The client side runs here, on the controller, as an
+doctor's bundle; the model gateway (the real smg) on the worker in front of the head. The last one turns TLS
+off again. The client side runs here, on the controller, as an
 operator's would (curl with the generated CA).
 """
 
@@ -199,6 +200,93 @@ def test_the_doctor_bundle_holds_no_key(site, tmp_path):
         texts = [tar.extractfile(m).read().decode("utf-8", "replace") for m in tar.getmembers() if m.isfile()]
     assert texts and not [t for t in texts if site["key"] in t]
     assert site["key"] not in result.stdout
+
+
+# The model gateway: the REAL smg (its pinned wheels fetched on this controller, installed on the node with no
+# index) on the worker, in front of the head, with the head's key and the generated CA; the group spark_gateway
+# names its host. Check mode on the fresh host first, then a run and a second run.
+GATEWAY_HOST = "spark-1"
+
+
+@pytest.fixture(scope="module")
+def gateway(site):
+    inventory = site["cluster"].inventory
+    group = inventory / "gateway.yml"
+    group.write_text(f"spark_gateway:\n  hosts:\n    {GATEWAY_HOST}:\n")
+    try:
+        preview = run_playbook("playbooks/gateway.yml", inventory, extravars=TLS, check=True, diff=True)
+        assert preview.rc == 0, preview.stdout[-4000:]
+        node = site["cluster"].nodes[1]
+        assert sh(node, "test -e /etc/systemd/system/spark-llm-gateway.service && echo there || echo none").strip() == "none"
+        first = run_playbook("playbooks/gateway.yml", inventory, extravars=TLS)
+        assert first.rc == 0, first.stdout[-4000:]
+        second = run_playbook("playbooks/gateway.yml", inventory, extravars=TLS)
+        assert second.rc == 0, second.stdout[-4000:]
+        yield {"node": node, "first": first, "second": second, "url": f"https://{node.mgmt_ip}:30080"}
+    finally:
+        group.unlink()
+
+
+def head_requests(site):
+    """The head's own count of the requests it served (SGLang's /metrics, asked behind the proxy)."""
+    text = sh(site["head"], "curl -s http://127.0.0.1:30001/metrics")
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("sglang:num_requests_total")))
+
+
+def test_the_gateway_forwards_to_the_head_with_the_key_over_tls_and_refuses_without_it(site, gateway):
+    url, ca, key = gateway["url"], site["ca"], site["key"]
+    body = json.dumps({"model": "/models/glm53", "max_tokens": 64, "messages": [{"role": "user", "content": "17 × 23 = ?"}]})
+    before = head_requests(site)
+    status, answer = curl(url + "/v1/chat/completions", "--cacert", ca, "-H", "Content-Type: application/json",
+                          "-d", body, key=key)
+    assert status == "200" and json.loads(answer)["choices"][0]["message"]["content"] == "391", answer
+    assert head_requests(site) == before + 1
+    # Without the key, or with a wrong one, the gateway answers itself and the head sees nothing.
+    status, answer = curl(url + "/v1/chat/completions", "--cacert", ca, "-H", "Content-Type: application/json", "-d", body)
+    assert status == "401" and "invalid_api_key" in answer, answer
+    assert curl(url + "/v1/chat/completions", "--cacert", ca, "-d", body, key="wrong-" + key)[0] == "401"
+    assert head_requests(site) == before + 1
+    # Its certificate is the generated CA's, for the gateway host's address.
+    status, err = curl(url + "/v1/models", key=key)
+    assert status == "000" and "SSL certificate problem" in err, err
+    said = next(iter(gateway["first"].results("Refuse bad gateway settings").values()))["msg"]
+    assert said == f"gateway: {url} on {GATEWAY_HOST}, in front of https://{site['head'].mgmt_ip}:30000 (cache_aware)"
+
+
+def test_the_gateway_metrics_reach_the_monitoring_host_only(site, gateway):
+    node = gateway["node"]
+    # The monitoring host is the head (no spark_monitor group): the metrics bind the gateway host's management
+    # address, and the firewall admits the head there and drops this controller.
+    metrics = sh(site["head"], f"curl -s --max-time 10 http://{node.mgmt_ip}:29000/metrics")
+    assert "smg_" in metrics
+    status, _ = curl(f"http://{node.mgmt_ip}:29000/metrics", "--connect-timeout", "3")
+    assert status == "000"
+
+
+def test_the_gateway_key_is_on_no_command_line_and_in_no_unit_or_settings_file(site, gateway):
+    node, key = gateway["node"], site["key"]
+    # Every process's command line and environment (the launcher's own, renamed smg::router by smg).
+    seen = sh(node, "cat > /run/gateway-key-test; for p in /proc/[0-9]*; do "
+                    "tr '\\0' '\\n' < $p/cmdline; tr '\\0' '\\n' < $p/environ; done 2>/dev/null "
+                    "| grep -cF -f /run/gateway-key-test; rm -f /run/gateway-key-test", stdin=key + "\n", check=False)
+    assert seen.strip() == "0"
+    assert "smg::router" in sh(node, "ps -eo args")
+    shown = sh(node, "systemctl show spark-llm-gateway; systemctl cat spark-llm-gateway; "
+                     "cat /etc/spark-llm-gateway/gateway.json")
+    assert key not in shown and "--api-key" not in shown and "LoadCredential=api-key:" in shown
+    # Files: only the 0600 key files hold it, and systemd's copy for the running service.
+    holders = sh(node, "grep -rlF -f /dev/stdin /etc /opt /root/.ansible_async /tmp /var/tmp 2>/dev/null || true",
+                 stdin=key + "\n").split()
+    assert sorted(holders) == ["/etc/spark-llm-gateway/api-key", "/etc/spark-llm/spark-llm.key"]
+    assert sh(node, "stat -c %a /etc/spark-llm-gateway/api-key /etc/spark-llm-gateway").split() == ["600", "700"]
+    assert sh(node, "journalctl -u spark-llm-gateway --no-pager -o cat | grep -cF -f /dev/stdin || true",
+              stdin=key + "\n").strip() == "0"
+    for run in (gateway["first"], gateway["second"]):
+        assert key not in run.stdout and key not in json.dumps(run.events)
+
+
+def test_a_second_gateway_run_changes_nothing(gateway):
+    assert [f"{d['host']}: {d['task']}" for d in gateway["second"].changed] == []
 
 
 def test_turning_tls_off_gives_the_port_back_to_sglang(site):
