@@ -29,6 +29,14 @@ def _url_host(address):
         return address
 
 
+def gateway_metrics_address(host, monitor, management_address, given=""):
+    """Where the gateway's metrics bind: the address given, else loopback when the monitoring host is the
+    gateway host (only it scrapes them), else the gateway host's management address."""
+    if given:
+        return str(given)
+    return "127.0.0.1" if monitor == host else str(management_address or "")
+
+
 def gateway_plan(ctx):
     """Check the gateway's settings and derive what it runs with.
 
@@ -101,9 +109,8 @@ def gateway_plan(ctx):
     listen = str(ctx.get("listen_address") or "")
     metrics_address = str(ctx.get("metrics_address") or "")
     if not metrics_address:
-        # Only the monitoring host scrapes them: on the gateway host itself, loopback is enough.
-        metrics_address = "127.0.0.1" if ctx.get("monitor") == host else str(management.get(host) or "")
-    for var, value in (("gateway_listen_address", listen), ("gateway_metrics_address", metrics_address)):
+        metrics_address = gateway_metrics_address(host, ctx.get("monitor"), management.get(host))
+    for var, value in (("gateway_listen_address", listen), ("gateway_metrics_address", metrics_address if host else "::")):
         try:
             ipaddress.ip_address(value)
         except ValueError:
@@ -132,4 +139,4 @@ def gateway_plan(ctx):
 
 class FilterModule:
     def filters(self):
-        return {"gateway_plan": gateway_plan}
+        return {"gateway_plan": gateway_plan, "gateway_metrics_address": gateway_metrics_address}

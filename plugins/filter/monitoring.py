@@ -313,6 +313,11 @@ def monitoring_targets(ctx, hostvars):
     if head:
         out.append({"job": "server", "target": _host_port(_target_address(head, hostvars), ctx.get("server_port")),
                     "labels": {"node": head, "rank": "0", "role": "head"}})
+    gateway = ctx.get("gateway") or {}
+    if gateway.get("host"):
+        # The model gateway's own metrics port, bound where only the monitoring host reaches it.
+        out.append({"job": "gateway", "target": _host_port(gateway.get("address"), gateway.get("port")),
+                    "labels": {"node": gateway["host"], "role": "gateway"}})
     out.append({"job": "prometheus", "target": _host_port("127.0.0.1", ctx.get("prometheus_port")),
                 "labels": {"node": monitor}})
     return out
@@ -325,7 +330,7 @@ def monitoring_prometheus_config(ctx, hostvars):
     for t in monitoring_targets(ctx, hostvars):
         jobs.setdefault(t["job"], []).append({"targets": [t["target"]], "labels": t["labels"]})
     scrape = []
-    for job in ("prometheus", "node", "server"):
+    for job in ("prometheus", "node", "server", "gateway"):
         if job not in jobs:
             continue
         entry = {"job_name": job}

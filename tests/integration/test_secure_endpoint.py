@@ -241,10 +241,13 @@ def test_the_gateway_forwards_to_the_head_with_the_key_over_tls_and_refuses_with
                           "-d", body, key=key)
     assert status == "200" and json.loads(answer)["choices"][0]["message"]["content"] == "391", answer
     assert head_requests(site) == before + 1
-    # Without the key, or with a wrong one, the gateway answers itself and the head sees nothing.
-    status, answer = curl(url + "/v1/chat/completions", "--cacert", ca, "-H", "Content-Type: application/json", "-d", body)
+    # Without the key, or with a wrong one, the gateway answers itself and the head sees nothing. Over HTTP/1.1:
+    # on HTTP/2 smg 1.13.0 resets the stream of a refused request that carries a body, and curl reports that
+    # (error 92) instead of the 401 it was sent.
+    status, answer = curl(url + "/v1/chat/completions", "--http1.1", "--cacert", ca, "-H",
+                          "Content-Type: application/json", "-d", body)
     assert status == "401" and "invalid_api_key" in answer, answer
-    assert curl(url + "/v1/chat/completions", "--cacert", ca, "-d", body, key="wrong-" + key)[0] == "401"
+    assert curl(url + "/v1/chat/completions", "--http1.1", "--cacert", ca, "-d", body, key="wrong-" + key)[0] == "401"
     assert head_requests(site) == before + 1
     # Its certificate is the generated CA's, for the gateway host's address.
     status, err = curl(url + "/v1/models", key=key)

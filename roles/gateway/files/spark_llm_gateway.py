@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from smg.launch_router import launch_router, parse_router_args
+
 CREDENTIAL = "cred:"
 
 
@@ -39,8 +41,6 @@ def main():
         if not key:
             sys.exit(f"{path} is empty: the gateway would serve without the heads' key")
         args += ["--api-key", key]
-    from smg.launch_router import launch_router, parse_router_args
-
     launch_router(parse_router_args(args))
 
 
