@@ -224,7 +224,7 @@ def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_p
 # --- the configuration and the rules with the role's defaults ------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["defaults", "tls-and-key", "monitor-outside-the-group", "no-key", "vllm"])
+@pytest.mark.parametrize("variant", ["defaults", "tls-and-key", "monitor-outside-the-group", "no-key", "vllm", "gateway"])
 def test_the_generated_configuration_passes_promtool(tmp_path, variant):
     changes = {
         "defaults": {},
@@ -234,6 +234,8 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
         "no-key": {"api_key_set": False},
         # vLLM's /metrics answers without the key, which the site has: the scrape neither sends nor needs it.
         "vllm": {"engine": flag_model("vllm")},
+        # The model gateway on the worker: its metrics port, as group_vars/all/spark.yml wires it.
+        "gateway": {"gateway": {"host": "spark-1", "address": "10.0.0.11", "port": 29000}},
     }[variant]
     c = ctx(tmp_path, **changes)
     (tmp_path / "spark_llm_api_key").write_text("k" * 48)
@@ -261,6 +263,12 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
         assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["10.0.0.5:9093"]
     if variant == "monitor-outside-the-group":
         assert targets["127.0.0.1:9100"] == {"node": "mon-0", "role": "monitor"}
+    if variant == "gateway":
+        assert jobs["gateway"]["static_configs"] == [{"targets": ["10.0.0.11:29000"],
+                                                      "labels": {"node": "spark-1", "role": "gateway"}}]
+        assert "authorization" not in jobs["gateway"]
+    else:
+        assert "gateway" not in jobs
 
 
 def test_promtool_refuses_a_configuration_whose_key_file_is_missing(tmp_path):
