@@ -29,6 +29,11 @@ def _url_host(address):
         return address
 
 
+def gateway_management(addresses):
+    """{host: its management address}: its ansible_host, else its inventory name (which then must resolve)."""
+    return {host: str(address or host) for host, address in (addresses or {}).items()}
+
+
 def gateway_metrics_address(host, monitor, management_address, given=""):
     """Where the gateway's metrics bind: the address given, else loopback when the monitoring host is the
     gateway host (only it scrapes them), else the gateway host's management address."""
@@ -139,4 +144,5 @@ def gateway_plan(ctx):
 
 class FilterModule:
     def filters(self):
-        return {"gateway_plan": gateway_plan, "gateway_metrics_address": gateway_metrics_address}
+        return {"gateway_plan": gateway_plan, "gateway_metrics_address": gateway_metrics_address,
+                "gateway_management": gateway_management}

@@ -123,3 +123,12 @@ def test_the_wiring_matches_the_gateway_defaults():
     assert f"gateway_port | default({DEFAULTS['gateway_port']})" in text
     assert f"gateway_metrics_port | default({DEFAULTS['gateway_metrics_port']})" in text
     assert wiring["gateway_heads_port"] == "{{ server_port | default(30000) }}"
+
+
+def test_a_host_without_ansible_host_is_reached_by_its_name():
+    assert gw.gateway_management({"node-a": "", "node-b": "10.0.0.11"}) == {"node-a": "node-a", "node-b": "10.0.0.11"}
+    plan = gw.gateway_plan(ctx(management=gw.gateway_management({HEAD: ""})))
+    assert plan["worker_urls"] == ["http://spark-0:30000"]
+    # smg binds addresses only: metrics for a monitoring host elsewhere need the gateway host's IP address.
+    assert errors(host=WORKER, management=gw.gateway_management({HEAD: "", WORKER: ""}))[0].startswith(
+        "gateway_metrics_address = 'spark-1': smg binds an IP address, not a name.")
