@@ -21,7 +21,6 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_c
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import CAPACITY_ROLES, capacity_flag
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials, layout
 
-
 # The concerns that carried the engine's name before the collection's engine-neutral rename (1.1.0): their
 # settings were sglang_<concern>_*, and are <concern>_* since.
 RENAMED_CONCERNS = ("server", "supervisor", "verify", "doctor", "benchmark", "tune", "monitoring", "firewall")

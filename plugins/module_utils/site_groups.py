@@ -146,7 +146,7 @@ def site_errors(groups, hostvars, names=None, here=None):
                     f"of {name} in {n['head_group']} and its others in {n['workers_group']}.")
         group_of_host = {h: hs[0] for h, hs in where.items()}
         owners = {}
-        for host, name in group_of_host.items():
+        for host in group_of_host:
             ip = _ip((hostvars.get(host) or {}).get("spark_fabric_ip"))
             if ip:
                 owners.setdefault(ip, []).append(host)
