@@ -45,6 +45,7 @@ HEAVY_FIRST = (
     "test_vllm.py",
     "test_server_nodes.py",
     "test_firewall.py",
+    "test_groups.py",
     "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
