@@ -27,6 +27,7 @@ import ipaddress
 import json
 import shlex
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,14 @@ def node_connect(node, host: str, port: int, source: str) -> str:
                f"try:\n    s.connect(({host!r}, {port})); print('open')\n"
                "except TimeoutError:\n    print('dropped')\nexcept ConnectionRefusedError:\n    print('refused')")
     return sh(node, f"python3 -c {shlex.quote(program)}").strip()
+
+
+def at_once(*attempts) -> list:
+    """The outcomes of independent connection attempts (callables), in order, all made at the same time: a
+    drop is known only when its timeout has run out, and the attempts' timeouts run out together instead of
+    one after another."""
+    with ThreadPoolExecutor(max_workers=len(attempts)) as pool:
+        return [f.result() for f in [pool.submit(attempt) for attempt in attempts]]
 
 
 def api_key(cluster) -> str:
@@ -194,25 +203,27 @@ def test_the_default_admits_the_head_subnet_and_the_ranks_ports_only_the_fabric_
     # The TCPStore listens on every address of the head for the life of the group ...
     listening = sh(head, "ss -Hltn 'sport = :20000'")
     assert "0.0.0.0:20000" in listening, listening
-    # ... and only the peer on the fabric reaches it: not this machine, not the worker over the management network.
-    dist = drops(head, *DIST_DROP)
-    assert connect(head.mgmt_ip, 20000) == DROPPED
-    assert connect(head.mgmt_ip, 20000, source=site.outside) == DROPPED
-    assert node_connect(worker, head.fabric_ip, 20000, source=worker.fabric_ip) == "open"
-    assert node_connect(worker, head.mgmt_ip, 20000, source=worker.mgmt_ip) == DROPPED
-    assert drops(head, *DIST_DROP) >= dist + 3
-    # Rank 0's broadcast queue listens on every address at a random port: the same holds for it.
+    # Rank 0's broadcast queue listens on every address at a random port: the same must hold for it.
     queue = rank0_random_ports(head)
     assert len(queue) == 1, sh(head, "ss -Hltnp")
-    random = drops(head, *RANDOM_DROP)
-    assert connect(head.mgmt_ip, queue[0]) == DROPPED
-    assert node_connect(worker, head.fabric_ip, queue[0], source=worker.fabric_ip) == "open"
+    dist, random, fabric = drops(head, *DIST_DROP), drops(head, *RANDOM_DROP), drops(worker, *FABRIC_DROP)
+    outcomes = at_once(
+        # Only the peer on the fabric reaches the TCPStore: not this machine, not the worker over the management
+        # network ...
+        lambda: connect(head.mgmt_ip, 20000),
+        lambda: connect(head.mgmt_ip, 20000, source=site.outside),
+        lambda: node_connect(worker, head.fabric_ip, 20000, source=worker.fabric_ip),
+        lambda: node_connect(worker, head.mgmt_ip, 20000, source=worker.mgmt_ip),
+        # ... nor the broadcast queue ...
+        lambda: connect(head.mgmt_ip, queue[0]),
+        lambda: node_connect(worker, head.fabric_ip, queue[0], source=worker.fabric_ip),
+        # ... and what NCCL and Gloo bind to, the node's fabric address, admits the peers' fabric addresses only:
+        # the head reaches the worker's sshd there from its fabric address, not from its management one.
+        lambda: node_connect(head, worker.fabric_ip, 22, source=head.fabric_ip),
+        lambda: node_connect(head, worker.fabric_ip, 22, source=head.mgmt_ip))
+    assert outcomes == [DROPPED, DROPPED, "open", DROPPED, DROPPED, "open", "open", DROPPED], outcomes
+    assert drops(head, *DIST_DROP) >= dist + 3
     assert drops(head, *RANDOM_DROP) > random
-    # What NCCL and Gloo bind to, the node's fabric address, admits the peers' fabric addresses only:
-    # the head reaches the worker's sshd there from its fabric address, not from its management one.
-    fabric = drops(worker, *FABRIC_DROP)
-    assert node_connect(head, worker.fabric_ip, 22, source=head.fabric_ip) == "open"
-    assert node_connect(head, worker.fabric_ip, 22, source=head.mgmt_ip) == DROPPED
     assert drops(worker, *FABRIC_DROP) > fabric
     # SSH stays reachable from everywhere it was.
     assert connect(head.mgmt_ip, 22) == "open" and connect(worker.mgmt_ip, 22, source=site.outside) == "open"
@@ -382,9 +393,8 @@ def test_the_rules_are_loaded_at_boot_before_the_rank_the_group_forms_and_a_run_
     firewall_up = int(sh(head, f"systemctl show {UNIT} -p ActiveEnterTimestampMonotonic --value"))
     assert 0 < firewall_up <= rank_started(head)
     # The worker's rank lost its peer and rejoins the head's new one over the fabric, through the rules.
-    wait_for(lambda: ask(site) == 200, "the pair to form and serve again", 300, every=2)
-    assert ask(site, site.outside) == DROPPED
-    assert connect(head.mgmt_ip, 20000) == DROPPED
+    wait_for(lambda: ask(site) == 200, "the pair to form and serve again", 300, every=0.5)
+    assert at_once(lambda: ask(site, site.outside), lambda: connect(head.mgmt_ip, 20000)) == [DROPPED, DROPPED]
     # What the boot left is what the deployment installs: a second run with the same settings changes nothing.
     result = run_playbook(SERVER, site.inventory,
                           extravars={**VARS, "server_allowed_clients": [f"{site.bridge_ip}/32"]})
