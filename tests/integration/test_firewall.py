@@ -26,8 +26,6 @@ import http.client
 import ipaddress
 import json
 import shlex
-import socket
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,6 +33,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
+from tests.lib.reach import DROPPED, at_once, connect
 from tests.lib.roles import filter_plugin
 from tests.lib.supervised import REVISION, checkpoint_files, wait_for
 
@@ -63,26 +62,8 @@ SITE_FIREWALL = """table ip filter {
     }
 }
 """
-DROPPED = "dropped"
-
-
 def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
     return sim.ssh(node, command, check=check, timeout=timeout)
-
-
-def connect(host: str, port: int, source: str | None = None, timeout: float = 3.0) -> str:
-    """"open", "refused", or "dropped" (no answer within `timeout`: a firewall's drop)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        if source:
-            sock.bind((source, 0))
-        try:
-            sock.connect((host, port))
-        except TimeoutError:
-            return DROPPED
-        except ConnectionRefusedError:
-            return "refused"
-        return "open"
 
 
 def node_connect(node, host: str, port: int, source: str) -> str:
@@ -91,14 +72,6 @@ def node_connect(node, host: str, port: int, source: str) -> str:
                f"try:\n    s.connect(({host!r}, {port})); print('open')\n"
                "except TimeoutError:\n    print('dropped')\nexcept ConnectionRefusedError:\n    print('refused')")
     return sh(node, f"python3 -c {shlex.quote(program)}").strip()
-
-
-def at_once(*attempts) -> list:
-    """The outcomes of independent connection attempts (callables), in order, all made at the same time: a
-    drop is known only when its timeout has run out, and the attempts' timeouts run out together instead of
-    one after another."""
-    with ThreadPoolExecutor(max_workers=len(attempts)) as pool:
-        return [f.result() for f in [pool.submit(attempt) for attempt in attempts]]
 
 
 def api_key(cluster) -> str:
