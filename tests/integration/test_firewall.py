@@ -62,6 +62,8 @@ SITE_FIREWALL = """table ip filter {
     }
 }
 """
+
+
 def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
     return sim.ssh(node, command, check=check, timeout=timeout)
 
