@@ -133,9 +133,9 @@ def _allocate_index(instance: str) -> int:
     used = set()
     if STATE_ROOT.exists():
         for d in STATE_ROOT.iterdir():
-            c = Cluster.load(d.name)
-            if c and c.instance != instance:
-                used.add(c.index)
+            path = d / "cluster.json"
+            if d.name != instance and path.exists():
+                used.add(json.loads(path.read_text())["index"])
     for i in range(1, MAX_INSTANCES):
         if i not in used:
             return i
