@@ -45,6 +45,7 @@ HEAVY_FIRST = (
     "test_vllm.py",
     "test_server_nodes.py",
     "test_firewall.py",
+    "test_groups.py",
     "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
@@ -161,6 +162,20 @@ def sim_cluster(request):
         return
     instance = sim_instance_name()
     c = sim.up(instance, 2, hub=True)
+    yield c
+    nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
+    if not request.config.getoption("--keep-nodes"):
+        sim.down(instance)
+
+
+@pytest.fixture(scope="module")
+def sim_groups(request):
+    """Four simulated Sparks as two TP groups of two (replica_a: spark-0, spark-1; replica_b: spark-2, spark-3),
+    one fabric rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE plus `g`)."""
+    _require_root()
+    nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
+    instance = sim_instance_name("g")
+    c = sim.up(instance, 4, hub=True, site_rails=1, tp_groups=2)
     yield c
     nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
     if not request.config.getoption("--keep-nodes"):

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import site_groups
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import CAPACITY_ROLES, capacity_flag
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials, layout
@@ -162,6 +163,31 @@ def spark_capacity_flags(model):
         raise AnsibleFilterError(str(e)) from e
 
 
+def spark_site_groups(groups, names=None):
+    """Every TP group of the site in inventory order: [{name, head, workers, nodes}] (one for today's shape)."""
+    return site_groups.site_groups(groups, names)
+
+
+def spark_tp_group(entries, host):
+    """The entry of spark_site_groups that holds host (the first group for a host outside every group)."""
+    return site_groups.group_of(entries, host)
+
+
+def spark_site_errors(groups, hostvars, names=None, here=None):
+    """The refusals of the site's groups as a whole: the inventory check's, before any node is contacted."""
+    return site_groups.site_errors(groups, hostvars, names, here)
+
+
+def spark_batches(groups, play_hosts, names=None):
+    """A play over the site's hosts: {hosts, sizes} for `hosts:` and `serial:`, one batch per TP group."""
+    return site_groups.batches(groups, play_hosts, names)
+
+
+def spark_gateway(groups, entries, names=None):
+    """{host, enabled}: the gateway's host (spark_gateway's one host, else the first head) and whether it runs."""
+    return site_groups.gateway(groups, entries, names)
+
+
 # Read here, in the process that imports the filters: the controller's plugin cache (callback_plugins) imports
 # them before the task workers fork, so no worker parses the specs again. Unreadable specs are left to the call.
 with contextlib.suppress(OSError, yaml.YAMLError, KeyError, TypeError):
@@ -173,4 +199,7 @@ class FilterModule:
         return {"spark_checkpoint_paths": spark_checkpoint_paths, "spark_renamed_settings": spark_renamed_settings,
                 "spark_project_dir": spark_project_dir, "spark_credential_file": spark_credential_file,
                 "spark_legacy_credentials": spark_legacy_credentials, "spark_legacy_paths": spark_legacy_paths,
-                "spark_settings_spec": spark_settings_spec, "spark_capacity_flags": spark_capacity_flags}
+                "spark_settings_spec": spark_settings_spec, "spark_capacity_flags": spark_capacity_flags,
+                "spark_site_groups": spark_site_groups, "spark_tp_group": spark_tp_group,
+                "spark_site_errors": spark_site_errors, "spark_batches": spark_batches,
+                "spark_gateway": spark_gateway}

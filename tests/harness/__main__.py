@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--knobs", default="{}", help='JSON {"spark-1": {"gpu": {...}}}')
     up.add_argument("--site-rails", type=int, choices=(1, 2), default=2,
                     help="rails the inventory names (the nodes always have two): 1 is a one-rail site")
+    up.add_argument("--tp-groups", type=int, default=1,
+                    help="make that many TP groups of the nodes (replica_a, ...) in the inventory")
     up.add_argument("--hub", action="store_true",
                     help="serve the synthetic checkpoint from a hub emulator on the bridge and point the inventory at it")
     down = sub.add_parser("down", help="tear an instance down completely")
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         image.ensure_wheelhouse(cluster.CACHE_ROOT, rootfs)
         print(rootfs)
     elif args.cmd == "up":
-        c = cluster.up(args.instance, args.nodes, json.loads(args.knobs), hub=args.hub, site_rails=args.site_rails)
+        c = cluster.up(args.instance, args.nodes, json.loads(args.knobs), hub=args.hub, site_rails=args.site_rails,
+                       tp_groups=args.tp_groups)
         print(c.inventory)
     elif args.cmd == "down":
         cluster.down(args.instance)

@@ -73,6 +73,9 @@ class Cluster:
     switch_netns: str | None
     # How many rails the inventory names (the nodes always have both): 1 is a one-rail site.
     site_rails: int = 2
+    # How many TP groups the inventory makes of the nodes (the child groups replica_a, replica_b, ... of
+    # spark_tp_groups, equal in size, in node order); 1 is today's one-group inventory.
+    tp_groups: int = 1
     nodes: list[Node] = field(default_factory=list)
     hub_pid: int = 0
     hub_url: str = ""
@@ -130,9 +133,9 @@ def _allocate_index(instance: str) -> int:
     used = set()
     if STATE_ROOT.exists():
         for d in STATE_ROOT.iterdir():
-            c = Cluster.load(d.name)
-            if c and c.instance != instance:
-                used.add(c.index)
+            path = d / "cluster.json"
+            if d.name != instance and path.exists():
+                used.add(json.loads(path.read_text())["index"])
     for i in range(1, MAX_INSTANCES):
         if i not in used:
             return i
@@ -156,11 +159,13 @@ def _lock():
 
 
 def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None, hub: bool = False,
-       site_rails: int = 2) -> Cluster:
+       site_rails: int = 2, *, tp_groups: int = 1) -> Cluster:
     if not NAME_RE.match(instance):
         raise SystemExit(f"harness: instance name {instance!r} must match {NAME_RE.pattern}")
     if nodes < 2:
         raise SystemExit("harness: a TP cluster needs at least 2 nodes")
+    if tp_groups < 1 or nodes % tp_groups or nodes // tp_groups < 2:
+        raise SystemExit(f"harness: {nodes} nodes make no {tp_groups} TP groups of at least 2 nodes each")
     rootfs = image.ensure_image(CACHE_ROOT)
     wheels = image.ensure_wheelhouse(CACHE_ROOT, rootfs)
     with _lock():
@@ -177,6 +182,7 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
             fabric_subnet=f"{FABRIC_BASE}.{index}.0/24",
             switch_netns=f"spsim-{instance}-sw",
             site_rails=site_rails,
+            tp_groups=tp_groups,
         )
         for rank in range(nodes):
             cluster.nodes.append(
@@ -813,6 +819,15 @@ def _write_inventory(c: Cluster) -> None:
             },
         }
     }
+    if c.tp_groups > 1:
+        size = len(c.nodes) // c.tp_groups
+        groups = [c.nodes[i:i + size] for i in range(0, len(c.nodes), size)]
+        inventory["spark"]["children"] = {
+            "spark_tp_groups": {"children": {f"replica_{chr(ord('a') + i)}": {"hosts": {n.name: host(n) for n in g}}
+                                             for i, g in enumerate(groups)}},
+            "spark_head": {"hosts": {g[0].name: None for g in groups}},
+            "spark_workers": {"hosts": {n.name: None for g in groups for n in g[1:]}},
+        }
     (inv / "hosts.json").write_text(json.dumps(inventory, indent=2) + "\n")
     # The test site's settings (tests/inventory/group_vars), file by file, so
     # that the harness can add what only it knows beside them.

@@ -26,7 +26,6 @@ import http.client
 import ipaddress
 import json
 import shlex
-import socket
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
+from tests.lib.reach import DROPPED, at_once, connect
 from tests.lib.roles import filter_plugin
 from tests.lib.supervised import REVISION, checkpoint_files, wait_for
 
@@ -62,26 +62,10 @@ SITE_FIREWALL = """table ip filter {
     }
 }
 """
-DROPPED = "dropped"
 
 
 def sh(node, command: str, check: bool = True, timeout: float = 60) -> str:
     return sim.ssh(node, command, check=check, timeout=timeout)
-
-
-def connect(host: str, port: int, source: str | None = None, timeout: float = 3.0) -> str:
-    """"open", "refused", or "dropped" (no answer within `timeout`: a firewall's drop)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        if source:
-            sock.bind((source, 0))
-        try:
-            sock.connect((host, port))
-        except TimeoutError:
-            return DROPPED
-        except ConnectionRefusedError:
-            return "refused"
-        return "open"
 
 
 def node_connect(node, host: str, port: int, source: str) -> str:
@@ -194,25 +178,27 @@ def test_the_default_admits_the_head_subnet_and_the_ranks_ports_only_the_fabric_
     # The TCPStore listens on every address of the head for the life of the group ...
     listening = sh(head, "ss -Hltn 'sport = :20000'")
     assert "0.0.0.0:20000" in listening, listening
-    # ... and only the peer on the fabric reaches it: not this machine, not the worker over the management network.
-    dist = drops(head, *DIST_DROP)
-    assert connect(head.mgmt_ip, 20000) == DROPPED
-    assert connect(head.mgmt_ip, 20000, source=site.outside) == DROPPED
-    assert node_connect(worker, head.fabric_ip, 20000, source=worker.fabric_ip) == "open"
-    assert node_connect(worker, head.mgmt_ip, 20000, source=worker.mgmt_ip) == DROPPED
-    assert drops(head, *DIST_DROP) >= dist + 3
-    # Rank 0's broadcast queue listens on every address at a random port: the same holds for it.
+    # Rank 0's broadcast queue listens on every address at a random port: the same must hold for it.
     queue = rank0_random_ports(head)
     assert len(queue) == 1, sh(head, "ss -Hltnp")
-    random = drops(head, *RANDOM_DROP)
-    assert connect(head.mgmt_ip, queue[0]) == DROPPED
-    assert node_connect(worker, head.fabric_ip, queue[0], source=worker.fabric_ip) == "open"
+    dist, random, fabric = drops(head, *DIST_DROP), drops(head, *RANDOM_DROP), drops(worker, *FABRIC_DROP)
+    outcomes = at_once(
+        # Only the peer on the fabric reaches the TCPStore: not this machine, not the worker over the management
+        # network ...
+        lambda: connect(head.mgmt_ip, 20000),
+        lambda: connect(head.mgmt_ip, 20000, source=site.outside),
+        lambda: node_connect(worker, head.fabric_ip, 20000, source=worker.fabric_ip),
+        lambda: node_connect(worker, head.mgmt_ip, 20000, source=worker.mgmt_ip),
+        # ... nor the broadcast queue ...
+        lambda: connect(head.mgmt_ip, queue[0]),
+        lambda: node_connect(worker, head.fabric_ip, queue[0], source=worker.fabric_ip),
+        # ... and what NCCL and Gloo bind to, the node's fabric address, admits the peers' fabric addresses only:
+        # the head reaches the worker's sshd there from its fabric address, not from its management one.
+        lambda: node_connect(head, worker.fabric_ip, 22, source=head.fabric_ip),
+        lambda: node_connect(head, worker.fabric_ip, 22, source=head.mgmt_ip))
+    assert outcomes == [DROPPED, DROPPED, "open", DROPPED, DROPPED, "open", "open", DROPPED], outcomes
+    assert drops(head, *DIST_DROP) >= dist + 3
     assert drops(head, *RANDOM_DROP) > random
-    # What NCCL and Gloo bind to, the node's fabric address, admits the peers' fabric addresses only:
-    # the head reaches the worker's sshd there from its fabric address, not from its management one.
-    fabric = drops(worker, *FABRIC_DROP)
-    assert node_connect(head, worker.fabric_ip, 22, source=head.fabric_ip) == "open"
-    assert node_connect(head, worker.fabric_ip, 22, source=head.mgmt_ip) == DROPPED
     assert drops(worker, *FABRIC_DROP) > fabric
     # SSH stays reachable from everywhere it was.
     assert connect(head.mgmt_ip, 22) == "open" and connect(worker.mgmt_ip, 22, source=site.outside) == "open"
@@ -382,9 +368,8 @@ def test_the_rules_are_loaded_at_boot_before_the_rank_the_group_forms_and_a_run_
     firewall_up = int(sh(head, f"systemctl show {UNIT} -p ActiveEnterTimestampMonotonic --value"))
     assert 0 < firewall_up <= rank_started(head)
     # The worker's rank lost its peer and rejoins the head's new one over the fabric, through the rules.
-    wait_for(lambda: ask(site) == 200, "the pair to form and serve again", 300, every=2)
-    assert ask(site, site.outside) == DROPPED
-    assert connect(head.mgmt_ip, 20000) == DROPPED
+    wait_for(lambda: ask(site) == 200, "the pair to form and serve again", 300, every=0.5)
+    assert at_once(lambda: ask(site, site.outside), lambda: connect(head.mgmt_ip, 20000)) == [DROPPED, DROPPED]
     # What the boot left is what the deployment installs: a second run with the same settings changes nothing.
     result = run_playbook(SERVER, site.inventory,
                           extravars={**VARS, "server_allowed_clients": [f"{site.bridge_ip}/32"]})

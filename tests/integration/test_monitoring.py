@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import socket
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -29,6 +28,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
+from tests.lib.reach import DROPPED, at_once, connect
 from tests.lib.supervised import REVISION, api_key_header, checkpoint_files, generate, wait_for
 from tests.standins.grafana_api import GrafanaAPI
 
@@ -94,18 +94,6 @@ def prometheus(cluster, path: str, **params) -> dict:
 
 def value(cluster, expr: str) -> list[tuple[dict, float]]:
     return [(r["metric"], float(r["value"][1])) for r in prometheus(cluster, "query", query=expr)["result"]]
-
-
-def connect(host: str, port: int, timeout: float = 3.0) -> str:
-    with socket.socket() as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect((host, port))
-        except TimeoutError:
-            return "dropped"
-        except ConnectionRefusedError:
-            return "refused"
-        return "open"
 
 
 def changed(result) -> set[tuple[str, str]]:
@@ -254,8 +242,7 @@ def test_gpu_and_node_figures_and_every_dashboard_metric_are_in_prometheus(site)
 def test_the_exporter_admits_the_monitoring_host_only(site):
     head, worker = site.nodes
     # The monitoring host (the worker) scrapes the head's exporter (its target is up); this machine is dropped.
-    assert connect(head.mgmt_ip, 9100) == "dropped"
-    assert connect(worker.mgmt_ip, 9100) == "dropped"
+    assert at_once(lambda: connect(head.mgmt_ip, 9100), lambda: connect(worker.mgmt_ip, 9100)) == [DROPPED, DROPPED]
     assert ":9100" in sh(head, "ss -Hltn 'sport = :9100'"), "the exporter listens: the drop is the firewall's"
     rules = sh(head, "cat /etc/nftables.d/spark_llm_guard.nft")
     assert f"The node exporter port 9100: {worker.mgmt_ip}/32 (and loopback)" in rules

@@ -573,3 +573,78 @@ def test_the_four_node_example_renders_one_tp4_group_whose_ranks_meet_at_the_hea
         assert tail["--dist-init-addr"] == "192.168.100.10:20000", host
         env = (out / host / "spark-llm.env").read_text()
         assert f"SGLANG_HOST_IP=192.168.100.1{rank}\n" in env, env
+
+
+TWO_GROUPS = REPO / "inventory" / "spark-2x2"
+
+
+def _args(out: Path, host: str) -> dict:
+    return dict(pairs(json.loads((out / host / "server-args.json").read_text())))
+
+
+def test_the_two_group_example_renders_each_group_meeting_at_its_own_head(tmp_path):
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, TWO_GROUPS, extravars={"server_render_dir": str(out)})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    # One group per batch: the second group's run did not prune the first group's renders.
+    assert sorted(p.name for p in out.iterdir()) == ["spark-0", "spark-1", "spark-2", "spark-3"]
+    for head, worker, fabric in (("spark-0", "spark-1", "192.168.100.10"), ("spark-2", "spark-3", "192.168.110.12")):
+        for rank, host in enumerate((head, worker)):
+            tail = _args(out, host)
+            assert (tail["--tp-size"], tail["--nnodes"], tail["--node-rank"]) == ("2", "2", str(rank)), host
+            assert tail["--dist-init-addr"] == f"{fabric}:20000", host
+
+
+def _two_group_copy(tmp_path: Path) -> tuple[Path, dict]:
+    inv = tmp_path / "inventory"
+    shutil.copytree(TWO_GROUPS, inv)
+    return inv, yaml.safe_load((inv / "hosts.yml").read_text())
+
+
+def _refused_two_group_render(tmp_path: Path, mutate) -> tuple:
+    inv, hosts = _two_group_copy(tmp_path)
+    mutate(hosts["spark"]["children"])
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = tmp_path / "r"
+    return run_playbook(PLAYBOOK, inv, extravars={"server_render_dir": str(out)}), out
+
+
+def test_groups_that_share_a_host_leave_one_out_or_lack_a_head_are_refused_at_once(tmp_path):
+    def mutate(spark):
+        tp = spark["spark_tp_groups"]["children"]
+        tp["replica_b"]["hosts"]["spark-1"] = None
+        tp["replica_c"] = {"hosts": {"spark-4": {"ansible_host": "10.0.0.14", "spark_fabric_ip": "192.168.120.14"}}}
+        spark["spark_workers"]["hosts"]["spark-4"] = None
+        spark["spark_workers"]["hosts"]["spark-5"] = {"ansible_host": "10.0.0.15", "spark_fabric_ip": "192.168.120.15"}
+
+    result, out = _refused_two_group_render(tmp_path, mutate)
+    assert_refused_before_any_change(
+        result, out,
+        "inventory host 'spark-1' is in the TP groups replica_a, replica_b: a host holds one rank of one group. "
+        "Fix: keep spark-1 in one child group of spark_tp_groups",
+        "inventory host 'spark-5' is in spark but in no child group of spark_tp_groups (replica_a, replica_b, replica_c)",
+        "TP group replica_c: holds 0 host(s) of spark_head ([]); a group needs exactly one head",
+        "Fix: put exactly one host of replica_c in spark_head")
+
+
+def test_a_fabric_address_across_groups_a_group_size_and_the_gateway_port_are_refused_at_once(tmp_path):
+    def mutate(spark):
+        tp = spark["spark_tp_groups"]["children"]
+        tp["replica_b"]["hosts"]["spark-3"]["spark_fabric_ip"] = "192.168.100.10"
+        tp["replica_a"]["hosts"]["spark-1"]["spark_fabric_ip"] = "10.0.0.12"
+        tp["replica_a"]["hosts"]["spark-0"]["gateway_port"] = 30000
+        tp["replica_b"]["hosts"]["spark-4"] = {"ansible_host": "10.0.0.14", "spark_fabric_ip": "192.168.110.14"}
+        spark["spark_workers"]["hosts"]["spark-4"] = None
+
+    result, out = _refused_two_group_render(tmp_path, mutate)
+    assert_refused_before_any_change(
+        result, out,
+        "spark_fabric_ip 192.168.100.10 is held by spark-0, spark-3 in the TP groups replica_a, replica_b",
+        "hostvars['spark-1'].spark_fabric_ip = 10.0.0.12: is the management address (ansible_host) of spark-2, "
+        "outside spark-1's group",
+        # Per group: replica_b's three nodes, not the site's five.
+        "inventory: 3 node(s) x server_gpus_per_node 1 gives --tp-size 3, which does not divide",
+        "gateway_port = 30000: is server_port of spark-0, a head, which also runs the gateway")
+    # The site's problems are told once, by the first host; each group's own by its hosts.
+    told = [d["host"] for d in result.failed if "is held by spark-0, spark-3" in str(d["res"].get("msg", ""))]
+    assert told == ["spark-0"], told

@@ -27,6 +27,7 @@ from tests.lib.supervised import (
     ALERT,
     POLL,
     REVISION,
+    SHORT_STOP_GRACE,
     STATE_DIR,
     SUPERVISOR,
     checkpoint_files,
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.slow
 # Checks every second, a restart stable after two healthy checks: the shortest watch the stand-in's
 # sub-second generations allow (the probe's deadline stays 3 s, so a slow answer on a loaded machine
 # is not taken for a hang).
-SUPERVISOR = {**SUPERVISOR, "checkpoint_revision": REVISION, "supervisor_max_restarts": 3,
+SUPERVISOR = {**SUPERVISOR, **SHORT_STOP_GRACE, "checkpoint_revision": REVISION, "supervisor_max_restarts": 3,
               "supervisor_interval": 1, "supervisor_stable_after": 2}
 MAX_RESTARTS = SUPERVISOR["supervisor_max_restarts"]
 UNIT = "spark-llm.service"

@@ -23,6 +23,7 @@ from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import (
     POLL,
+    SHORT_STOP_GRACE,
     SUPERVISOR,
     UNIT,
     generate,
@@ -75,7 +76,7 @@ def site(sim_cluster, tmp_path_factory):
     for n in sim_cluster.nodes:
         sim.set_knobs(sim_cluster.instance, n.name, {"vllm": {"load_seconds": 0.2}, "sglang": {"load_seconds": 0.2}})
     build = sm121_fix_build(tmp_path_factory.mktemp("vllm-sm121-fix"))
-    return Site(sim_cluster, {**SUPERVISOR, "spark_engine": "vllm", "spark_monitoring": False, **build})
+    return Site(sim_cluster, {**SUPERVISOR, **SHORT_STOP_GRACE, "spark_engine": "vllm", "spark_monitoring": False, **build})
 
 
 def test_a_vllm_site_without_the_kernel_fix_is_refused_before_any_change(site):

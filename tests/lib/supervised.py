@@ -37,6 +37,11 @@ SUPERVISOR = {
     "server_readiness_timeout": 300,
     "server_stop_timeout": 10,
 }
+# What the modules that freeze a rank (SIGSTOP) add to SUPERVISOR: a frozen rank never acts on docker
+# stop's SIGTERM, so every stop of it waits the whole grace before the SIGKILL, 10 s above. The stand-in ranks
+# end within milliseconds of a SIGTERM, so 2 s changes nothing else those tests see; the recovery benchmark
+# keeps SUPERVISOR's grace, part of the time a frozen rank's recovery takes.
+SHORT_STOP_GRACE = {"server_stop_timeout": 2}
 # Long enough for a group restart and a node's boot on a loaded 2-core machine; waits end on the event.
 RECOVERY = 420
 # How often the waits below look: the supervisor's state file is read through the node's root

@@ -271,9 +271,24 @@ def test_the_playbooks_validate_the_ranks_settings_once_and_skip_only_what_the_c
             calls = [task[key] for k in ("pre_tasks", "tasks", "post_tasks") for task in tasks_in(play.get(k))
                      for key in ROLE_CALLS if isinstance(task.get(key), dict)]
             # Only the ranks were checked: a play on other hosts (the monitoring host) keeps the role's own.
-            ranks = play["hosts"] == "spark" or play["hosts"].endswith(" else 'spark' }}")
+            ranks = play["hosts"] == BATCHED["hosts"] or play["hosts"].endswith(" else __spark_batches.hosts }}")
             for call in calls:
                 assert call.get("rolespec_validate", True) is not ranks, (path.name, play["name"], call)
+
+
+# A play over the ranks: one TP group per batch (playbooks/vars/site_batches.yml), so that run_once acts once per
+# group and a failing group stops the play before the next.
+BATCHED = {"hosts": "{{ __spark_batches.hosts }}", "serial": "{{ __spark_batches.sizes }}",
+           "max_fail_percentage": "{{ __spark_batch_max_fail_percentage }}", "vars_files": ["vars/site_batches.yml"]}
+
+
+def test_every_play_over_the_ranks_runs_one_tp_group_per_batch():
+    plays = [(path.name, play) for path in RANK_PLAYBOOKS for play in load(path) if "hosts" in play]
+    over_ranks = [(name, play) for name, play in plays if "spark" in str(play["hosts"])]
+    assert over_ranks and not [(name, play["name"]) for name, play in over_ranks if "__spark_batches" not in play["hosts"]]
+    for name, play in over_ranks:
+        assert {k: play.get(k) for k in BATCHED if k != "hosts"} == {k: v for k, v in BATCHED.items() if k != "hosts"}, \
+            (name, play["name"])
 
 
 def test_an_option_means_the_same_in_every_role_and_entry_point():
