@@ -695,7 +695,7 @@ def fabric_pair_rounds(members, play_hosts) -> list:
     play = set(play_hosts or [])
     ring = members + ([None] if len(members) % 2 else [])
     rounds, index = [], 0
-    for _ in range(max(len(ring) - 1, 0)):
+    for _turn in range(max(len(ring) - 1, 0)):
         pairs = []
         for i in range(len(ring) // 2):
             ends = [ring[i], ring[len(ring) - 1 - i]]
