@@ -46,6 +46,7 @@ HEAVY_FIRST = (
     "test_server_nodes.py",
     "test_firewall.py",
     "test_groups.py",
+    "test_tp4.py",
     "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
@@ -176,6 +177,21 @@ def sim_groups(request):
     nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
     instance = sim_instance_name("g")
     c = sim.up(instance, 4, hub=True, site_rails=1, tp_groups=2)
+    yield c
+    nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
+    if not request.config.getoption("--keep-nodes"):
+        sim.down(instance)
+
+
+@pytest.fixture(scope="module")
+def sim_tp4(request):
+    """Four simulated Sparks as one TP group of four (spark-0 the head, spark-1..3 its workers, ranked in that
+    order), the fabric ports on one switch, one rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE
+    plus `t`)."""
+    _require_root()
+    nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
+    instance = sim_instance_name("t")
+    c = sim.up(instance, 4, hub=True, site_rails=1)
     yield c
     nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
     if not request.config.getoption("--keep-nodes"):

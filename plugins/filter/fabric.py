@@ -681,42 +681,76 @@ def fabric_rdma_report(reads, host, rails, mtu) -> dict:
     return {"usable": usable, "lines": lines, "warnings": warnings}
 
 
-def fabric_rdma_pairs(reads, head, workers, interfaces, *, rail_ips, port) -> dict:
+def fabric_pair_rounds(members, play_hosts) -> list:
+    """Every pair of the group's members that this run can measure, in rounds of pairs that share no node.
+
+    A round-robin schedule (one node fixed, the others turning around it): n - 1 rounds for an even n, n for an
+    odd one, so the pairs of a round run at once and the proof's wall time grows with the rounds, not the pairs.
+    Each pair is {from, to, index, owner}: `from` the lower-ranked end (the head for a group of two), `index` its
+    place among all pairs (for a port of its own), `owner` the end in this run that starts both of its ends
+    (`to` where it can: a worker re-provisioned alone under --limit is still measured from the head). A pair with
+    neither end in this run is left out.
+    """
+    members = list(members or [])
+    play = set(play_hosts or [])
+    ring = members + ([None] if len(members) % 2 else [])
+    rounds, index = [], 0
+    for _turn in range(max(len(ring) - 1, 0)):
+        pairs = []
+        for i in range(len(ring) // 2):
+            ends = [ring[i], ring[len(ring) - 1 - i]]
+            if None in ends:
+                continue
+            ends.sort(key=members.index)
+            owner = ends[1] if ends[1] in play else ends[0] if ends[0] in play else None
+            if owner:
+                pairs.append({"from": ends[0], "to": ends[1], "index": index, "owner": owner})
+            index += 1
+        rounds.append(sorted(pairs, key=lambda p: (members.index(p["from"]), members.index(p["to"]))))
+        ring = ring[:1] + ring[-1:] + ring[1:-1]
+    return rounds
+
+
+def fabric_rdma_pairs(reads, rounds, interfaces, *, rail_ips, port) -> dict:
     """What the RDMA bandwidth proof measures: {pairs, unmeasured}.
 
-    interfaces: the rails' ports, the fabric port first; rail_ips: {host: [its address on each rail]}.
-    pairs: one {worker, rail, address, head_hca, head_gid, worker_hca, worker_gid, port} per rail usable on both the
-    head and a worker (on each rail the n-th usable device of each; each pair its own port from `port` up);
-    unmeasured: [sentence] for a worker that has a usable rail but where ib_write_bw is missing on either end.
-    A rail not usable on both ends is not measured: the proof's warning already names why.
+    rounds: fabric_pair_rounds; interfaces: the rails' ports, the fabric port first; rail_ips: {host: [its address on
+    each rail]}. pairs: one {round, from, to, owner, rail, address, from_hca, from_gid, to_hca, to_gid, port} per
+    rail usable on both ends of a pair whose ends both read their RDMA devices in this run (on each rail the n-th
+    usable device of each; each its own port from `port` up); unmeasured: [sentence] for a pair that has a usable
+    rail but where ib_write_bw is missing on either end. A rail not usable on both ends is not measured: the
+    proof's warning already names why.
     """
     reads = reads or {}
     interfaces = [interfaces] if isinstance(interfaces, str) else list(interfaces or [])
-    head_read = reads.get(head) or {}
     pairs, unmeasured = [], []
 
     def usable(read, host, i):
         ips = rail_ips.get(host) or []
         return fabric_rdma_usable(read, {"interface": interfaces[i], "ip": ips[i] if i < len(ips) else ""})
 
-    for worker in workers:
-        read = reads.get(worker) or {}
-        rails = []
-        for i, interface in enumerate(interfaces):
-            mine, theirs = usable(head_read, head, i), usable(read, worker, i)
-            rails += [(i, interface, a, mine["gid_indexes"][a], b, theirs["gid_indexes"][b])
-                      for a, b in zip(mine["hcas"], theirs["hcas"], strict=False)]
-        if not rails:
-            continue
-        missing = [h for h, r in ((head, head_read), (worker, read)) if not r.get("ib_write_bw")]
-        if missing:
-            unmeasured.append(f"{head} -> {worker}: RDMA bandwidth not measured: ib_write_bw is not installed on "
-                              f"{' and '.join(missing)} (apt install perftest)")
-            continue
-        for i, interface, head_hca, head_gid, worker_hca, worker_gid in rails:
-            pairs.append({"worker": worker, "rail": interface, "address": rail_ips[worker][i], "head_hca": head_hca,
-                          "head_gid": head_gid, "worker_hca": worker_hca, "worker_gid": worker_gid,
-                          "port": int(port) + len(pairs)})
+    for number, round_pairs in enumerate(rounds or []):
+        for pair in round_pairs:
+            source, target = pair["from"], pair["to"]
+            if source not in reads or target not in reads:
+                continue
+            mine, theirs = reads[source] or {}, reads[target] or {}
+            rails = []
+            for i, interface in enumerate(interfaces):
+                a, b = usable(mine, source, i), usable(theirs, target, i)
+                rails += [(i, interface, x, a["gid_indexes"][x], y, b["gid_indexes"][y])
+                          for x, y in zip(a["hcas"], b["hcas"], strict=False)]
+            if not rails:
+                continue
+            missing = [h for h, r in ((source, mine), (target, theirs)) if not r.get("ib_write_bw")]
+            if missing:
+                unmeasured.append(f"{source} -> {target}: RDMA bandwidth not measured: ib_write_bw is not installed on "
+                                  f"{' and '.join(missing)} (apt install perftest)")
+                continue
+            for i, interface, from_hca, from_gid, to_hca, to_gid in rails:
+                pairs.append({"round": number, "from": source, "to": target, "owner": target, "rail": interface,
+                              "address": rail_ips[target][i], "from_hca": from_hca, "from_gid": from_gid,
+                              "to_hca": to_hca, "to_gid": to_gid, "port": int(port) + len(pairs)})
     return {"pairs": pairs, "unmeasured": unmeasured}
 
 
@@ -787,20 +821,42 @@ def fabric_all_reduce(stdout) -> dict:
     return {"busbw": busbw, "network": network, "hosts": hosts}
 
 
-def fabric_record(previous, *, time, members, rails, rdma_results=None, busbw=None, busbw_bytes="") -> dict:
+def _pair_ends(pair, members):
+    """(from, from_hca, to, to_hca) of a recorded pair; a record written before every pair was measured named the
+    head's device and the worker only (the head was always the measuring end)."""
+    source = pair.get("from") or (list(members or [])[:1] or [""])[0]
+    return (source, pair.get("from_hca") or pair.get("head_hca"), pair.get("to") or pair.get("worker"),
+            pair.get("to_hca") or pair.get("worker_hca"))
+
+
+def _iperf_gbps(result):
+    try:
+        return round(json.loads(result.get("stdout") or "")["end"]["sum_received"]["bits_per_second"] / 1e9, 2)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def fabric_record(previous, *, time, members, rails, rdma_results=None, busbw=None, busbw_bytes="",
+                  iperf_results=None) -> dict:
     """The proof's record on the head: the previous record with what this run measured put in its place.
 
-    rdma_results: the ib_write_bw runs (each with the pair as `item`), None where none ran; busbw: the all_reduce_perf
-    run, None where it did not run. Each figure keeps the time it was taken: a run that measured one keeps the other.
+    rdma_results: the ib_write_bw runs (each with the pair as `item`), None where none ran; iperf_results: the iperf3
+    runs (each with its pair as `item`), None where none ran; busbw: the all_reduce_perf run, None where it did not
+    run. Each figure keeps the time it was taken: a run that measured one keeps the others.
     """
     record = {**(previous or {}), "kind": "spark-llm-fabric-proof", "members": list(members or []),
               "rails": list(rails or [])}
     if rdma_results is not None:
         record["rdma_write"] = {"time": time, "pairs": [
-            {"rail": r["item"].get("rail"), "head_hca": r["item"]["head_hca"], "worker": r["item"]["worker"],
-             "worker_hca": r["item"]["worker_hca"],
+            {"rail": r["item"].get("rail"), "from": r["item"]["from"], "from_hca": r["item"]["from_hca"],
+             "to": r["item"]["to"], "to_hca": r["item"]["to_hca"],
              "gbits_per_second": fabric_write_bw_gbps(r.get("stdout")) if r.get("rc") == 0 else None}
             for r in rdma_results or [] if isinstance(r.get("item"), dict)]}
+    if iperf_results is not None:
+        record["tcp"] = {"time": time, "pairs": [
+            {"from": r["item"]["from"], "to": r["item"]["to"],
+             "gbits_per_second": _iperf_gbps(r) if r.get("rc") == 0 else None}
+            for r in iperf_results or [] if isinstance(r.get("item"), dict)]}
     if busbw is not None:
         said = fabric_all_reduce(busbw.get("stdout"))
         record["all_reduce"] = {"time": time, "bytes": str(busbw_bytes), "network": said["network"],
@@ -810,18 +866,24 @@ def fabric_record(previous, *, time, members, rails, rdma_results=None, busbw=No
 
 
 def fabric_record_lines(record) -> list:
-    """The record's figures as lines for a report: [] where nothing was measured yet."""
+    """The record's figures as lines for a report, one per measured pair (and rail): [] where nothing was measured yet."""
     lines = []
+    members = (record or {}).get("members") or []
     rdma = (record or {}).get("rdma_write") or {}
     for p in rdma.get("pairs") or []:
+        source, source_hca, target, target_hca = _pair_ends(p, members)
         figure = "failed" if p.get("gbits_per_second") is None else f"{p['gbits_per_second']:.2f} Gbit/s"
-        lines.append(f"fabric: RDMA write {p.get('head_hca')} -> {p.get('worker')} {p.get('worker_hca')} "
+        lines.append(f"fabric: RDMA write {source} {source_hca} -> {target} {target_hca} "
                      f"({p.get('rail')}): {figure} (measured {rdma.get('time')})")
+    tcp = (record or {}).get("tcp") or {}
+    for p in tcp.get("pairs") or []:
+        figure = "failed" if p.get("gbits_per_second") is None else f"{p['gbits_per_second']:.2f} Gbit/s"
+        lines.append(f"fabric: TCP (iperf3) {p.get('from')} -> {p.get('to')}: {figure} (measured {tcp.get('time')})")
     ar = (record or {}).get("all_reduce") or {}
     if ar:
         figure = ("failed" if ar.get("busbw_gbytes_per_second") is None
                   else f"{ar['busbw_gbytes_per_second']} GB/s bus bandwidth over NCCL's {ar.get('network')} transport")
-        lines.append(f"fabric: all-reduce across {', '.join(record.get('members') or [])} ({ar.get('bytes')} messages): "
+        lines.append(f"fabric: all-reduce across {', '.join(members)} ({ar.get('bytes')} messages): "
                      f"{figure} (measured {ar.get('time')})")
     return lines
 
@@ -860,6 +922,7 @@ class FilterModule:
             "fabric_rdma_group_usable": fabric_rdma_group_usable,
             "fabric_rdma_settled": fabric_rdma_settled,
             "fabric_rdma_report": fabric_rdma_report,
+            "fabric_pair_rounds": fabric_pair_rounds,
             "fabric_rdma_pairs": fabric_rdma_pairs,
             "fabric_write_bw_gbps": fabric_write_bw_gbps,
             "fabric_busbw_plan": fabric_busbw_plan,

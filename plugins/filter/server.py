@@ -552,11 +552,19 @@ def _check_shape(ctx, model, nodes, errors):
                  "KV heads": read.get("num_key_value_heads") or read.get("num_attention_heads")}
     bad = {what: n for what, n in heads.items() if isinstance(n, int) and n % tp}
     if bad:
+        counts = [n for n in heads.values() if isinstance(n, int) and n > 0]
+        sizes = [str(size) for size in range(2, min(counts) // gpus + 1) if all(n % (size * gpus) == 0 for n in counts)]
+        group = ctx.get("tp_group_name")
+        where = f"inventory, TP group {group}" if group else "inventory"
+        works = (f"{', '.join(sizes[:-1])} or {sizes[-1]}" if len(sizes) > 1 else sizes[0]) if sizes else ""
+        fix = (f"give the group {works} nodes (the sizes that divide them at server_gpus_per_node {gpus}) in "
+               f"{workers_name}" if works else
+               f"no group of two or more nodes divides them at server_gpus_per_node {gpus}: lower server_gpus_per_node")
         errors.append(
-            f"inventory: {len(nodes)} node(s) x server_gpus_per_node {gpus} gives --tp-size {tp}, which does not "
+            f"{where}: {len(nodes)} node(s) x server_gpus_per_node {gpus} gives --tp-size {tp}, which does not "
             f"divide {' and '.join(f'the {n} {what}' for what, n in bad.items())} ({source}): tensor parallelism splits "
-            f"every layer's heads evenly across the ranks, and {_label(model)} refuses this split at start-up. Fix: use a node "
-            f"count that divides them (2 DGX Sparks for this model) in {workers_name}."
+            f"every layer's heads evenly across the ranks, and {_label(model)} refuses this split at start-up. Fix: "
+            f"{fix}."
         )
     size = inputs.whole_number(ctx.get("checkpoint_bytes"))
     memory = inputs.whole_number(shape.get("gpu_memory_bytes"))

@@ -109,8 +109,9 @@ def site_errors(groups, hostvars, names=None, here=None):
     """What is wrong with the site's groups as a whole (each group's own shape is the server plan's).
 
     here: this host's ports as its roles resolve them ({host, gateway_port, ports: {variable: port}}), for the
-    gateway's port against a head's on the gateway's host; with here.whole false (every host of a play but
-    the first), only those: the rest is the same for every host and told once.
+    gateway's port against a head's on the gateway's host, and the site's fabric_prefix (for a node without one
+    of its own); with here.whole false (every host of a play but the first), only the gateway's port: the rest is
+    the same for every host and told once.
     """
     n = _names(names)
     here = here or {}
@@ -158,6 +159,7 @@ def site_errors(groups, hostvars, names=None, here=None):
                     "nodes with one address answer for each other, and a group's ranks could rendezvous with "
                     "another group's node. Fix: give every host a distinct spark_fabric_ip.")
     errors += _fabric_on_management(groups, hostvars, n, tp_names)
+    errors += _fabric_subnets(site_groups(groups, n), hostvars, here.get("fabric_prefix", 24), bool(tp_names))
     gateway = _members(groups, n["gateway_group"])
     if len(gateway) > 1:
         errors.append(
@@ -185,6 +187,34 @@ def _fabric_on_management(groups, hostvars, n, tp_names):
                     f"hostvars[{node!r}].spark_fabric_ip = {ip}: is the management address (ansible_host) of "
                     f"{other}, outside {node}'s group, so {node}'s ranks and the fabric role would take {other}'s "
                     f"address. Fix: give {node} its own address on the ConnectX-7 link (DGX default 192.168.100.x).")
+    return errors
+
+
+def _fabric_subnets(entries, hostvars, default_prefix, several):
+    """A group whose fabric addresses are not one subnet: its ranks could not reach each other on the fabric port
+    (a ring of one subnet per cable is not built yet). An address or prefix that is none has its own refusal."""
+    errors = []
+    for entry in entries:
+        networks = {}
+        for node in entry["nodes"]:
+            values = hostvars.get(node) or {}
+            ip = _ip(values.get("spark_fabric_ip"))
+            try:
+                network = ipaddress.IPv4Network(f"{ip}/{int(values.get('spark_fabric_prefix', default_prefix))}",
+                                                strict=False)
+            except (TypeError, ValueError):
+                continue
+            networks.setdefault(str(network), []).append(
+                f"{node} ({ip}/{network.prefixlen})")
+        if len(networks) > 1:
+            where = f"TP group {entry['name']}" if several else "the TP group"
+            shown = "; ".join(f"{network}: {', '.join(nodes)}" for network, nodes in networks.items())
+            errors.append(
+                f"{where}: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in {len(networks)} subnets "
+                f"({shown}): a group's ranks reach each other over one subnet on the fabric port, and without it the "
+                f"kernel sends their traffic elsewhere (or nowhere). Fix: put every fabric address of "
+                f"{entry['name'] if several else 'the group'} in one subnet with one prefix, e.g. 192.168.100.10/24, "
+                "192.168.100.11/24, ...")
     return errors
 
 

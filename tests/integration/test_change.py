@@ -405,7 +405,7 @@ def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
     # The fabric was configured again from scratch and proven: its figures are in verify's table and report.
     assert ("fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport"
             in table), table
-    assert "fabric: RDMA write roceP2p1s0f1 -> spark-1 roceP2p1s0f1 (enP2p1s0f1np1): 97.50 Gbit/s" in table, table
+    assert "fabric: RDMA write spark-0 roceP2p1s0f1 -> spark-1 roceP2p1s0f1 (enP2p1s0f1np1): 97.50 Gbit/s" in table, table
     assert generate(site.cluster)
 
 

@@ -160,12 +160,18 @@ def one_head_layout(heads):
     return edit
 
 
+def worker_off_subnet(spark):
+    spark["children"]["spark_workers"]["hosts"]["spark-1"].update(spark_fabric_ip="10.233.77.11")
+
+
 def bad_fabric_input(spark):
     """Every input the role's own check refuses, spread over the hosts: the check reports all of them at once."""
     head = spark["children"]["spark_head"]["hosts"]["spark-0"]
     worker = spark["children"]["spark_workers"]["hosts"]["spark-1"]
     head.update(spark_fabric_interface="enp1s0f0np0", fabric_mtu=9300)  # no such port; MTU too high
-    worker.update(spark_fabric_ip="10.233.77.11", fabric_mtu=1000)  # off the head's subnet; MTU too low
+    # The role's own address (the site's spark_fabric_ip, whose subnets the inventory check judges first, wires it)
+    # off the head's subnet; MTU too low.
+    worker.update(fabric_ip="10.233.77.11", fabric_mtu=1000)
     # A rail in the fabric port's own subnet on the head, a rail subnet with host bits set on the worker.
     fabric_subnet = spark["vars"]["spark_fabric_extra_rails"][0]["subnet"].replace("10.233.", "10.232.")
     head.update(spark_fabric_extra_rails=[{"interface": RAIL2, "subnet": fabric_subnet}])
@@ -179,6 +185,7 @@ def refusal(delivered, sim_inventory, tmp_path_factory):
     - "no-head": the inventory check (the server role's plan) refuses all topology problems of all hosts at
       once: no head, and both hosts given one fabric address (`-e spark_fabric_ip`).
     - "two-heads": the other head layout it refuses (one inventory holds one layout).
+    - "subnet": the inventory check refuses a group whose spark_fabric_ip are not one subnet.
     - "input": the role's input check, one message per host naming every bad setting of that host: the head
       with a port it does not have, MTU 9300 and a rail in the fabric's subnet, the worker off the common subnet with
       MTU 1000 and a rail subnet with host bits set.
@@ -191,6 +198,8 @@ def refusal(delivered, sim_inventory, tmp_path_factory):
             if name == "no-head":
                 runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where, one_head_layout([])),
                                           extravars={"spark_fabric_ip": delivered.nodes[0].fabric_ip})
+            elif name == "subnet":
+                runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where, worker_off_subnet))
             elif name == "two-heads":
                 runs[name] = run_playbook(PLAYBOOK, inventory_variant(delivered, where,
                                                                       one_head_layout(["spark-0", "spark-1"])))
@@ -208,8 +217,15 @@ def test_refuses_duplicate_fabric_addresses(fresh, refusal):
 
 
 def test_refuses_address_off_the_common_subnet(fresh, refusal):
-    result = refusal("input")  # spark-1 at 10.233.77.11
-    assert_refused(result, fresh, "shares no subnet with", "spark-1 (10.233.77.11/24)")
+    result = refusal("input")  # spark-1's fabric_ip at 10.233.77.11
+    assert_refused(result, fresh, "shares no subnet with its TP group's", "spark-1 (10.233.77.11/24)")
+
+
+def test_the_inventory_check_refuses_a_group_off_one_subnet(fresh, refusal):
+    result = refusal("subnet")  # spark-1's spark_fabric_ip at 10.233.77.11
+    assert_refused(result, fresh, "the TP group: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in 2 "
+                   "subnets", "spark-1 (10.233.77.11/24)", "Fix: put every fabric address of the group in one subnet",
+                   by=SITE_CHECK)
 
 
 @pytest.mark.parametrize("heads", [[], ["spark-0", "spark-1"]], ids=["no-head", "two-heads"])

@@ -642,8 +642,15 @@ def test_a_fabric_address_across_groups_a_group_size_and_the_gateway_port_are_re
         "spark_fabric_ip 192.168.100.10 is held by spark-0, spark-3 in the TP groups replica_a, replica_b",
         "hostvars['spark-1'].spark_fabric_ip = 10.0.0.12: is the management address (ansible_host) of spark-2, "
         "outside spark-1's group",
-        # Per group: replica_b's three nodes, not the site's five.
-        "inventory: 3 node(s) x server_gpus_per_node 1 gives --tp-size 3, which does not divide",
+        # Per group, named: replica_b's three nodes, not the site's five, with the sizes that work.
+        "inventory, TP group replica_b: 3 node(s) x server_gpus_per_node 1 gives --tp-size 3, which does not divide",
+        "Fix: give the group 2, 4 or 8 nodes",
+        # The addresses moved off their group's subnet: spark-3's (onto replica_a's) and spark-1's (a management one).
+        "TP group replica_b: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in 2 subnets "
+        "(192.168.110.0/24: spark-2 (192.168.110.12/24), spark-4 (192.168.110.14/24); 192.168.100.0/24: spark-3 "
+        "(192.168.100.10/24))",
+        "TP group replica_a: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in 2 subnets "
+        "(192.168.100.0/24: spark-0 (192.168.100.10/24); 10.0.0.0/24: spark-1 (10.0.0.12/24))",
         "gateway_port = 30000: is server_port of spark-0, a head, which also runs the gateway")
     # The site's problems are told once, by the first host; each group's own by its hosts.
     told = [d["host"] for d in result.failed if "is held by spark-0, spark-3" in str(d["res"].get("msg", ""))]

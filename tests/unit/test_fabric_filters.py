@@ -252,16 +252,40 @@ def test_rails_usable_on_both_ends_are_measured_each_on_a_port_of_its_own():
     perftest = {"ib_write_bw": "/usr/bin/ib_write_bw"}
     reads = {"spark-0": {**rdma(), **perftest}, "spark-1": {**rdma(), **perftest},
              "spark-2": {**rdma(state="DOWN"), **perftest}}
-    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1", "spark-2"], [IFACE], rail_ips=ips, port=18515)
-    # spark-2's rail is not usable: its own warning says why, and nothing is measured there.
+    members = ["spark-0", "spark-1", "spark-2"]
+    rounds = fabric.fabric_pair_rounds(members, members)
+    plan = fabric.fabric_rdma_pairs(reads, rounds, [IFACE], rail_ips=ips, port=18515)
+    # spark-2's rail is not usable: its own warning says why, and nothing is measured with it.
     assert plan == {"unmeasured": [], "pairs": [
-        {"worker": "spark-1", "rail": IFACE, "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3, "worker_hca": "rocep1s0f1",
-         "worker_gid": 3, "port": 18515}]}
+        {"round": 2, "from": "spark-0", "to": "spark-1", "owner": "spark-1", "rail": IFACE, "address": ADDR,
+         "from_hca": "rocep1s0f1", "from_gid": 3, "to_hca": "rocep1s0f1", "to_gid": 3, "port": 18515}]}
     reads["spark-1"] = rdma()
-    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], [IFACE], rail_ips=ips, port=18515)
+    plan = fabric.fabric_rdma_pairs(reads, fabric.fabric_pair_rounds(members[:2], members), [IFACE], rail_ips=ips,
+                                    port=18515)
     assert plan["pairs"] == []
     assert plan["unmeasured"] == ["spark-0 -> spark-1: RDMA bandwidth not measured: ib_write_bw is not installed on "
                                   "spark-1 (apt install perftest)"]
+
+
+def test_every_pair_of_a_group_is_measured_in_rounds_of_pairs_that_share_no_node():
+    # A pair: the head to the worker, one round, as the proof has always measured it.
+    assert fabric.fabric_pair_rounds(["h", "w"], ["h", "w"]) == [[{"from": "h", "to": "w", "index": 0, "owner": "w"}]]
+    for size, rounds_wanted in ((3, 3), (4, 3), (5, 5), (8, 7)):
+        members = [f"spark-{i}" for i in range(size)]
+        rounds = fabric.fabric_pair_rounds(members, members)
+        assert len(rounds) == rounds_wanted
+        pairs = [(p["from"], p["to"]) for r in rounds for p in r]
+        # Every pair once, the lower rank measuring, each with a port index of its own.
+        assert sorted(pairs) == [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
+        assert sorted(p["index"] for r in rounds for p in r) == list(range(len(pairs)))
+        for r in rounds:
+            ends = [h for p in r for h in (p["from"], p["to"])]
+            assert len(ends) == len(set(ends)), r
+    # --limit to one worker of four: its three pairs, owned by whichever end is in the run; the others not measured.
+    members = ["spark-0", "spark-1", "spark-2", "spark-3"]
+    kept = [p for r in fabric.fabric_pair_rounds(members, ["spark-2"]) for p in r]
+    assert sorted((p["from"], p["to"], p["owner"]) for p in kept) == [
+        ("spark-0", "spark-2", "spark-2"), ("spark-1", "spark-2", "spark-2"), ("spark-2", "spark-3", "spark-2")]
 
 
 def test_the_write_bandwidth_is_the_average_of_the_result_line():
@@ -362,8 +386,9 @@ def test_each_rail_is_measured_between_its_own_devices_and_addresses():
     reads = {"spark-0": {**two_rails(), **perftest}, "spark-1": {**two_rails(), **perftest}}
     # Both readings carry the GIDs of .10: the worker reads as if it had the head's addresses.
     ips = {"spark-0": [ADDR, ADDR2], "spark-1": [ADDR, ADDR2]}
-    plan = fabric.fabric_rdma_pairs(reads, "spark-0", ["spark-1"], [IFACE, RAIL2], rail_ips=ips, port=18515)
-    assert [(p["rail"], p["head_hca"], p["worker_hca"], p["address"], p["port"]) for p in plan["pairs"]] == [
+    plan = fabric.fabric_rdma_pairs(reads, fabric.fabric_pair_rounds(["spark-0", "spark-1"], ["spark-0", "spark-1"]),
+                                    [IFACE, RAIL2], rail_ips=ips, port=18515)
+    assert [(p["rail"], p["from_hca"], p["to_hca"], p["address"], p["port"]) for p in plan["pairs"]] == [
         (IFACE, "rocep1s0f1", "rocep1s0f1", ADDR, 18515),
         (RAIL2, "roceP2p1s0f1", "roceP2p1s0f1", ADDR2, 18516)]
 
@@ -436,25 +461,35 @@ def test_the_gid_tables_have_settled_when_every_active_port_has_its_address():
 
 
 def test_the_record_keeps_each_figure_with_the_time_it_was_taken():
-    pair = {"worker": "spark-1", "rail": IFACE, "address": ADDR, "head_hca": "rocep1s0f1", "head_gid": 3,
-            "worker_hca": "rocep1s0f1", "worker_gid": 3, "port": 18515}
+    pair = {"round": 0, "from": "spark-0", "to": "spark-1", "owner": "spark-1", "rail": IFACE, "address": ADDR,
+            "from_hca": "rocep1s0f1", "from_gid": 3, "to_hca": "rocep1s0f1", "to_gid": 3, "port": 18515}
     out = (" 65536      18600            97.63              97.50  \t\t   0.185967\n")
     first = fabric.fabric_record({}, time="T1", members=["spark-0", "spark-1"], rails=[IFACE],
                                  rdma_results=[{"item": pair, "rc": 0, "stdout": out}],
                                  busbw={"rc": 0, "stdout": ALL_REDUCE_IB}, busbw_bytes="1G")
     assert first["rdma_write"] == {"time": "T1", "pairs": [
-        {"rail": IFACE, "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1", "gbits_per_second": 97.5}]}
+        {"rail": IFACE, "from": "spark-0", "from_hca": "rocep1s0f1", "to": "spark-1", "to_hca": "rocep1s0f1",
+         "gbits_per_second": 97.5}]}
     assert first["all_reduce"]["busbw_gbytes_per_second"] == 23.19 and first["all_reduce"]["network"] == "IB"
-    # A later run that measured RDMA only (the ranks held the GPUs) keeps the all-reduce figure and its time.
+    # A later run that measured RDMA and TCP only (the ranks held the GPUs) keeps the all-reduce figure and its time.
+    tcp = {"from": "spark-0", "to": "spark-1", "index": 0, "owner": "spark-1"}
+    iperf = json.dumps({"end": {"sum_received": {"bits_per_second": 9.4e9}}})
     later = fabric.fabric_record(first, time="T2", members=["spark-0", "spark-1"], rails=[IFACE],
-                                 rdma_results=[{"item": pair, "rc": 1, "stdout": ""}])
+                                 rdma_results=[{"item": pair, "rc": 1, "stdout": ""}],
+                                 iperf_results=[{"item": tcp, "rc": 0, "stdout": iperf}])
     assert later["all_reduce"] == first["all_reduce"]
     assert later["rdma_write"]["time"] == "T2" and later["rdma_write"]["pairs"][0]["gbits_per_second"] is None
     assert fabric.fabric_record_lines(later) == [
-        f"fabric: RDMA write rocep1s0f1 -> spark-1 rocep1s0f1 ({IFACE}): failed (measured T2)",
+        f"fabric: RDMA write spark-0 rocep1s0f1 -> spark-1 rocep1s0f1 ({IFACE}): failed (measured T2)",
+        "fabric: TCP (iperf3) spark-0 -> spark-1: 9.40 Gbit/s (measured T2)",
         "fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport "
         "(measured T1)"]
     assert fabric.fabric_record_lines({}) == []
+    # A record written before every pair was measured named the head's device and the worker: the head measured.
+    old = {"members": ["spark-0", "spark-1"], "rdma_write": {"time": "T0", "pairs": [
+        {"rail": IFACE, "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1", "gbits_per_second": 97.5}]}}
+    assert fabric.fabric_record_lines(old) == [
+        f"fabric: RDMA write spark-0 rocep1s0f1 -> spark-1 rocep1s0f1 ({IFACE}): 97.50 Gbit/s (measured T0)"]
 
 
 def test_each_further_rail_is_reported_with_its_reach_or_its_cause():

@@ -444,6 +444,24 @@ def test_the_collector_exports_the_fabric_proofs_last_figures_from_the_heads_rec
     found = collect(tmp_path, "--fabric-record", str(record))
     assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enp1s0f1np1", device="rocep1s0f1",
                   peer="spark-1") == 97.5
+    # That record predates the pairs' own ends (the head measured each worker): the head is the measuring node.
+    assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enp1s0f1np1", node="spark-0") == 97.5
+    # Every pair of a group of four is its own sample, by its measuring node and its peer.
+    record.write_text(json.dumps({"members": ["spark-0", "spark-1", "spark-2", "spark-3"], "rdma_write": {
+        "time": "2026-12-04T12:00:00Z", "pairs": [
+            {"rail": "enp1s0f1np1", "from": a, "from_hca": "rocep1s0f1", "to": b, "to_hca": "rocep1s0f1",
+             "gbits_per_second": 90.0 + i} for i, (a, b) in enumerate([("spark-0", "spark-3"), ("spark-1", "spark-3")])]}}))
+    pairs = collect(tmp_path, "--fabric-record", str(record))
+    assert sample(pairs, "spark_fabric_rdma_write_gbits_per_second", node="spark-1", peer="spark-3") == 91.0
+    assert sample(pairs, "spark_fabric_rdma_write_gbits_per_second", node="spark-0", peer="spark-3") == 90.0
+    record.write_text(json.dumps({
+        "kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": ["enp1s0f1np1", "enP2p1s0f1np1"],
+        "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
+            {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1",
+             "gbits_per_second": 97.5},
+            {"rail": "enP2p1s0f1np1", "head_hca": "roceP2p1s0f1", "worker": "spark-1", "worker_hca": "roceP2p1s0f1",
+             "gbits_per_second": None}]},
+        "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19}}))
     # A rail whose measurement failed has no figure (not a zero that reads as a measured one).
     assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enP2p1s0f1np1", device="roceP2p1s0f1",
                   peer="spark-1") is None

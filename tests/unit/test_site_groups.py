@@ -131,3 +131,28 @@ def test_two_gateway_hosts_and_the_gateway_port_on_a_head():
     assert site_errors(two_groups(), here={**here, "host": "s2"}) == []
     one = {"all": ["a", "b"], "spark": ["a", "b"], "spark_head": ["a"], "spark_workers": ["b"]}
     assert site_errors(one, hostvars(one), here={**here, "host": "a"}) == []
+
+
+def test_a_group_whose_fabric_addresses_are_not_one_subnet():
+    groups = two_groups()
+    errors = site_errors(groups, hostvars(groups, s3={"spark_fabric_ip": "192.168.101.13"}))
+    assert errors == [
+        "TP group replica_b: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in 2 subnets "
+        "(192.168.100.0/24: s2 (192.168.100.12/24); 192.168.101.0/24: s3 (192.168.101.13/24)): a group's ranks reach "
+        "each other over one subnet on the fabric port, and without it the kernel sends their traffic elsewhere (or "
+        "nowhere). Fix: put every fabric address of replica_b in one subnet with one prefix, e.g. 192.168.100.10/24, "
+        "192.168.100.11/24, ..."]
+    # A prefix of its own counts: /16 puts s3 in another network than its peer's /24.
+    assert "TP group replica_b: " in site_errors(groups, hostvars(groups, s3={"spark_fabric_prefix": 16}))[0]
+    # Groups need no common subnet with each other; the site's prefix is the default of a node without its own.
+    far = hostvars(groups, s2={"spark_fabric_ip": "10.9.0.12"}, s3={"spark_fabric_ip": "10.9.0.13"})
+    assert site_errors(groups, far) == []
+    assert site_errors(groups, far, {"fabric_prefix": 8}) == []
+    # A site of one group of four: the group is the site's.
+    one = {"all": ["s0", "s1", "s2", "s3"], "spark": ["s0", "s1", "s2", "s3"], "spark_head": ["s0"],
+           "spark_workers": ["s1", "s2", "s3"]}
+    [error] = site_errors(one, hostvars(one, s1={"spark_fabric_ip": "192.168.7.11"}))
+    assert error.startswith("the TP group: its fabric addresses (spark_fabric_ip / spark_fabric_prefix) lie in 2 "
+                            "subnets (192.168.100.0/24: s0 (192.168.100.10/24), s2 (192.168.100.12/24), s3 "
+                            "(192.168.100.13/24); 192.168.7.0/24: s1 (192.168.7.11/24))"), error
+    assert "Fix: put every fabric address of the group in one subnet" in error

@@ -37,11 +37,22 @@ def test_one_node_is_refused_for_memory_unless_acknowledged():
     assert errors(workers=(), acknowledge_single_node=True) == []
 
 
-@pytest.mark.parametrize(("workers", "tp"), [(("spark-1", "spark-2"), 3), (("a", "b", "c", "d", "e"), 6)])
-def test_tp_size_must_divide_the_heads(workers, tp):
-    [error] = errors(workers=workers)
-    assert f"gives --tp-size {tp}, which does not divide" in error
-    assert "(the model's documented figures)" in error and "Fix:" in error
+@pytest.mark.parametrize("size", [3, 5, 6, 7])
+def test_tp_size_must_divide_the_heads(size):
+    [error] = errors(workers=[f"spark-{i}" for i in range(1, size)])
+    assert error.startswith(f"inventory: {size} node(s) x server_gpus_per_node 1 gives --tp-size {size}, which does not "
+                            "divide the 64 attention heads and the 8 KV heads (the model's documented figures)"), error
+    # The fix: the sizes that work.
+    assert error.endswith("Fix: give the group 2, 4 or 8 nodes (the sizes that divide them at server_gpus_per_node 1) "
+                          "in spark_workers."), error
+
+
+def test_a_group_of_a_site_of_several_that_does_not_divide_the_heads_is_named():
+    [error] = errors(workers=("spark-1", "spark-2"), tp_group_name="replica_b",
+                     worker_group_name="spark_workers (of replica_b)", server_gpus_per_node=2)
+    assert error.startswith("inventory, TP group replica_b: 3 node(s) x server_gpus_per_node 2 gives --tp-size 6"), error
+    assert "Fix: give the group 2 or 4 nodes (the sizes that divide them at server_gpus_per_node 2) in spark_workers " \
+           "(of replica_b)." in error, error
 
 
 def test_four_nodes_divide_the_heads():

@@ -224,12 +224,16 @@ def fabric_record_metrics(expo, path):
     if not isinstance(record, dict):
         return
     rdma = record.get("rdma_write") or {}
+    members = record.get("members") or [""]
     for pair in rdma.get("pairs") or []:
         if pair.get("gbits_per_second") is not None:
+            # A record from before every pair was measured names the head's device and the worker: the head measured.
             expo.add("spark_fabric_rdma_write_gbits_per_second",
-                     "RDMA write bandwidth the fabric proof last measured from the head to a worker, per rail.",
-                     pair["gbits_per_second"], {"rail": pair.get("rail") or "", "device": pair.get("head_hca") or "",
-                                                "peer": pair.get("worker") or ""})
+                     "RDMA write bandwidth the fabric proof last measured between a pair of the group's nodes, per rail.",
+                     pair["gbits_per_second"], {"rail": pair.get("rail") or "",
+                                                "node": pair.get("from") or members[0] or "",
+                                                "device": pair.get("from_hca") or pair.get("head_hca") or "",
+                                                "peer": pair.get("to") or pair.get("worker") or ""})
     ar = record.get("all_reduce") or {}
     if ar.get("busbw_gbytes_per_second") is not None:
         expo.add("spark_fabric_all_reduce_busbw_gbytes_per_second",
