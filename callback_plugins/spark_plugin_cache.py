@@ -68,6 +68,8 @@ def _collection_filter_names() -> list[str]:
 def _keep_resolved(loader, names: list[str]) -> None:
     """Resolve names once through the loader and answer later lookups of exactly those from what it gave."""
     original = loader.get_with_context
+    if getattr(original, "spark_resolved", False):  # this process did it already (another load of this plugin)
+        return
     resolved = {}
     for name in names:
         with contextlib.suppress(Exception):  # ansible-core will say why when a template uses it
@@ -82,6 +84,7 @@ def _keep_resolved(loader, names: list[str]) -> None:
                 return result
         return original(name, *args, **kwargs)
 
+    get_with_context.spark_resolved = True
     loader.get_with_context = get_with_context
 
 
