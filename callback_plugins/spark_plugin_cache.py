@@ -9,6 +9,15 @@ finds them in sys.modules). A directory added to the legacy search path (an incl
 plugins of its own) clears the legacy cache, so it is filled again, in this process, before the
 next task is handed to the workers.
 
+Importing is not all a worker pays: ansible-core resolves a collection's filter name (every
+`dgx_spark.llm_serving.*` filter the roles call) by listing the collection's plugins/filter directory and
+looking up each of its files again, at each use, keeping nothing: about 1,400 resolutions and half a CPU
+second of a no-change site.yml. Jinja's own filters and tests (`length`, `default`, `defined`) cost the
+same: each use looks for them as ansible.builtin plugins file by file, finds none, and Jinja's are used.
+Those names and the collection's filters are resolved here once, by ansible-core itself, and the workers
+get the results. A legacy plugin of the same short name, which ansible-core looks at first, still wins: such
+a name is asked of ansible-core again. Any other name goes to ansible-core as before.
+
 The same workers are why the main process's objects are frozen (gc.freeze) before each task is handed
 out. A worker inherits the main process's heap page by page, copy on write; a full garbage collection in
 the worker walks every tracked object it inherited and writes to each one's header, copying the pages
@@ -22,11 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from pathlib import Path
 
 import yaml
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import filter_loader, test_loader
+from jinja2.defaults import DEFAULT_FILTERS, DEFAULT_TESTS
 
 # The checkout this callback ships in is the collection (galaxy.yml beside callback_plugins/).
 _GALAXY = yaml.safe_load((Path(__file__).resolve().parents[1] / "galaxy.yml").read_text())
@@ -41,6 +52,40 @@ DOCUMENTATION = """
       - Freezes the main process's objects before each task, so that no garbage collection in a worker walks them.
       - Has no output and changes nothing; it needs no enabling.
 """
+
+
+def _collection_filter_names() -> list[str]:
+    """The FQCN of every filter the collection's plugins/filter files define (imported by the lookup above)."""
+    package = f"ansible_collections.{COLLECTION}.plugins.filter."
+    names = []
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith(package) and hasattr(module, "FilterModule"):
+            with contextlib.suppress(Exception):  # a file ansible-core skipped with a warning: left to it
+                names += [f"{COLLECTION}.{name}" for name in module.FilterModule().filters()]
+    return names
+
+
+def _keep_resolved(loader, names: list[str]) -> None:
+    """Resolve names once through the loader and answer later lookups of exactly those from what it gave."""
+    original = loader.get_with_context
+    if getattr(original, "spark_resolved", False):  # this process did it already (another load of this plugin)
+        return
+    resolved = {}
+    for name in names:
+        with contextlib.suppress(Exception):  # ansible-core will say why when a template uses it
+            resolved[name] = original(name)
+    if not resolved:
+        return
+
+    def get_with_context(name, *args, **kwargs):
+        if not args and not kwargs and (result := resolved.get(name)) is not None:
+            loader._ensure_non_collection_wrappers()  # noqa: SLF001 - what ansible-core itself looks at first
+            if name not in loader._cached_non_collection_wrappers:  # noqa: SLF001
+                return result
+        return original(name, *args, **kwargs)
+
+    get_with_context.spark_resolved = True
+    loader.get_with_context = get_with_context
 
 
 class CallbackModule(CallbackBase):
@@ -59,6 +104,8 @@ class CallbackModule(CallbackBase):
             # no file defines costs the same and finds nothing.
             with contextlib.suppress(KeyError):  # the collection is not on the collections path: nothing to load
                 filter_loader.get(f"{COLLECTION}.__spark_plugin_cache__")
+            _keep_resolved(filter_loader, [*DEFAULT_FILTERS, *_collection_filter_names()])
+            _keep_resolved(test_loader, list(DEFAULT_TESTS))
             self._collection_loaded = True
         for loader in (filter_loader, test_loader):
             # Empty after a plugin directory was added (a role loaded); filling it imports what is new.

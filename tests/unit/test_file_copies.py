@@ -107,3 +107,25 @@ def test_a_role_loaded_again_at_run_time_renders_its_vars_as_with_deep_copies(tm
     for env in ({}, {"SPARK_DEEP_COPY_FILES": "true"}):
         out = run(tmp_path, **env)
         assert out.count('"msg": "sum 3"') == 3, out
+
+
+# What ansible-core does when it resolves a playbook's first import, before it parses the rest: it imports the vars
+# plugins of its configured paths (the project's ansible.cfg names vars_plugins/), then the parse loads files.
+EARLY = r"""
+from ansible.parsing import dataloader
+from ansible.plugins.loader import init_plugin_loader, vars_loader
+init_plugin_loader()
+before = dataloader.DataLoader.load_from_file.__module__
+list(vars_loader.all(class_only=True))
+print(before, dataloader.DataLoader.load_from_file.__module__)
+"""
+
+
+@pytest.mark.parametrize("deep_copy", ["false", "true"])
+def test_the_copies_are_set_up_before_the_playbook_is_parsed_with_the_callbacks_option(deep_copy):
+    done = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, check=True, cwd=REPO,
+                          timeout=120, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                                            "SPARK_DEEP_COPY_FILES": deep_copy})
+    before, after = done.stdout.split()
+    assert before == "ansible.parsing.dataloader"
+    assert ("spark_file_copies" in after) == (deep_copy == "false"), done.stdout + done.stderr
