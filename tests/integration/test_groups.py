@@ -27,11 +27,16 @@ pytestmark = pytest.mark.slow
 GROUPS = {"replica_a": ("spark-0", "spark-1"), "replica_b": ("spark-2", "spark-3")}
 # What identifies one start of a rank: its container and the unit's start.
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
+# An image that answers 17 x 23 wrongly: it starts, and fails verify (the docker stand-in's registry build).
+WRONG = f"{IMAGE}-wrong"
+BUILDS = {WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
 # The heads' request counter on /metrics (the SGLang stand-in's, as SGLang names it).
 COUNTER = re.compile(r"^sglang:num_requests_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 # The gateway notices a head that stopped answering within a second or two rather than the default 30 s.
 GATEWAY = {"gateway_health_check_interval": 1, "gateway_health_failure_threshold": 1,
            "gateway_health_success_threshold": 1}
+# The image ID a rank's container runs.
+RUNS = "docker inspect --format '{{.Image}}' spark-llm"
 STARTED = ("docker inspect --format '{{.Id}}' spark-llm; "
            "systemctl show -p ActiveEnterTimestampMonotonic --value spark-llm.service")
 
@@ -132,7 +137,7 @@ class Client(threading.Thread):
 def site(sim_groups, tmp_path_factory):
     """Both groups converged by one site.yml run (shared by every test of the module)."""
     for n in sim_groups.nodes:
-        sim.set_knobs(sim_groups.instance, n.name, {"sglang": {"load_seconds": 0.2}})
+        sim.set_knobs(sim_groups.instance, n.name, {"sglang": {"load_seconds": 0.2}, "docker": {"registry": BUILDS}})
     s = Site(sim_groups, {"verify_report_dir": str(tmp_path_factory.mktemp("reports")), **SUPERVISOR, **GATEWAY})
     s.converged = s.play("site.yml")
     assert s.converged.rc == 0, s.converged.failure_messages() or s.converged.stdout[-3000:]
@@ -201,6 +206,22 @@ def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(si
     # the gateway's next health check (1 s) took it out.
     assert failed <= 4, (failed, answered)
     assert answered > failed
+
+
+def test_a_group_that_fails_its_upgrade_rolls_back_into_the_gateway_and_the_next_group_is_not_touched(site):
+    before = site.started("replica_b")
+    images = {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]}
+    with Client(site) as client:
+        result = site.play("playbooks/upgrade.yml", server_image=WRONG)
+    assert result.rc != 0
+    assert "The change failed and was rolled back" in result.failure_messages(), result.failure_messages()
+    # replica_a went back to its image and, serving, back into the gateway; replica_b never left nor restarted.
+    assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == {
+        f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
+    assert site.started("replica_b") == before
+    assert {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]} == images
+    print(f"failed upgrade: {client.ok} requests through the gateway, {client.failed} failed")
+    assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
 
 
 def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
