@@ -213,7 +213,7 @@ def test_a_group_that_fails_its_upgrade_rolls_back_into_the_gateway_and_the_next
     images = {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]}
     with Client(site) as client:
         result = site.play("playbooks/upgrade.yml", server_image=WRONG)
-    assert result.rc != 0
+    assert result.rc != 0, result.stdout[-3000:]
     assert "The change failed and was rolled back" in result.failure_messages(), result.failure_messages()
     # replica_a went back to its image and, serving, back into the gateway; replica_b never left nor restarted.
     assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == {
