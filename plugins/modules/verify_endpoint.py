@@ -23,7 +23,8 @@ options:
   api_key:
     description:
       - Bearer token sent when not empty; never returned.
-      - With a key, /v1/models is also asked without a key and with a wrong one (both must get HTTP 401).
+      - With a key, /v1/models (see auth_probe) is also asked without a key and with a wrong one (both must get
+        HTTP 401).
     type: str
     default: ""
   allow_unauthenticated:
@@ -62,6 +63,14 @@ options:
     description: Characters of each response body kept in the result.
     type: int
     default: 4000
+  auth_probe:
+    description:
+      - What the requests without a key and with a wrong one ask. C(models) - GET /v1/models, which both engines
+        keep behind the key. C(generation) - a one-token chat completion, for the model gateway (smg), which lists
+        its models to anyone and keeps only the generation routes behind the key.
+    type: str
+    default: models
+    choices: [models, generation]
 author: LLM serving maintainers (@dgx-spark)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -195,6 +204,7 @@ def main():
             "key_file": {"type": "str", "default": ""},
             "ca_path": {"type": "str", "default": ""},
             "engine": {"type": "str", "default": "sglang", "choices": ["sglang", "vllm"]},
+            "auth_probe": {"type": "str", "default": "models", "choices": ["models", "generation"]},
         },
         supports_check_mode=True,
     )
@@ -219,9 +229,14 @@ def main():
         asked["reasoning"] = ("POST", base + "/v1/chat/completions", reasoning_request(model, module.params["max_tokens"]), KEEP)
         asked["tool_call"] = ("POST", base + "/v1/chat/completions", tool_request(model, module.params["max_tokens"]), KEEP)
     # Who is served: no key, and a key that is not the served one (random, so it is nobody's).
-    asked["unauthenticated"] = ("GET", base + "/v1/models", None, "")
+    if module.params["auth_probe"] == "generation":
+        refused = ("POST", base + "/v1/chat/completions",
+                   {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+    else:
+        refused = ("GET", base + "/v1/models", None)
+    asked["unauthenticated"] = (*refused, "")
     if module.params["api_key"]:
-        asked["wrong_key"] = ("GET", base + "/v1/models", None, "wrong-" + secrets.token_hex(24))
+        asked["wrong_key"] = (*refused, "wrong-" + secrets.token_hex(24))
     if tls:
         # Without the key: a key must never cross the network in clear text.
         asked["plain_http"] = ("GET", "http://" + base[len("https://"):] + "/v1/models", None, "")

@@ -2,23 +2,41 @@
 
 site.yml converges both groups, each on its own: each group's ranks meet at their own head's fabric address and
 each head serves. Then one group alone (--limit) takes a changed flag: its ranks restart, the other group's
-containers and units are the same ones as before. The gateway's tests join this module on the same site.
+containers and units are the same ones as before. The gateway (the real smg, on spark-0, which site.yml puts in
+front of both heads): its requests reach both groups, a killed rank of one group costs at most the requests in
+flight there, and upgrade.yml rolls one group at a time behind it with no failed request.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
+from tests.lib.supervised import STATE_DIR, SUPERVISOR, read_node_file, signal_rank, wait_for
 
 pytestmark = pytest.mark.slow
 
 GROUPS = {"replica_a": ("spark-0", "spark-1"), "replica_b": ("spark-2", "spark-3")}
 # What identifies one start of a rank: its container and the unit's start.
+IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
+# An image that answers 17 x 23 wrongly: it starts, and fails verify (the docker stand-in's registry build).
+WRONG = f"{IMAGE}-wrong"
+BUILDS = {WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
+# The heads' request counter on /metrics (the SGLang stand-in's, as SGLang names it).
+COUNTER = re.compile(r"^sglang:num_requests_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+# The gateway notices a head that stopped answering within a second or two rather than the default 30 s.
+GATEWAY = {"gateway_health_check_interval": 1, "gateway_health_failure_threshold": 1,
+           "gateway_health_success_threshold": 1}
+# The image ID a rank's container runs.
+RUNS = "docker inspect --format '{{.Image}}' spark-llm"
 STARTED = ("docker inspect --format '{{.Id}}' spark-llm; "
            "systemctl show -p ActiveEnterTimestampMonotonic --value spark-llm.service")
 
@@ -35,9 +53,12 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+def key_header(cluster) -> dict:
+    return {"Authorization": f"Bearer {(cluster.inventory / '.credentials' / 'spark_llm_api_key').read_text().strip()}"}
+
+
 def serves(cluster, head) -> bool:
-    key = (cluster.inventory / ".credentials" / "spark_llm_api_key").read_text().strip()
-    req = urllib.request.Request(f"http://{head.mgmt_ip}:30000/v1/models", headers={"Authorization": f"Bearer {key}"})
+    req = urllib.request.Request(f"http://{head.mgmt_ip}:30000/v1/models", headers=key_header(cluster))
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the simulated head's address
         return resp.status == 200 and bool(json.loads(resp.read())["data"])
 
@@ -53,13 +74,71 @@ class Site:
     def started(self, group: str) -> dict:
         return {name: sh(self.nodes[name], STARTED).split() for name in GROUPS[group]}
 
+    @property
+    def gateway(self) -> str:
+        """The gateway's host and port: on the first group's head (no spark_gateway group)."""
+        return f"{self.nodes['spark-0'].mgmt_ip}:30080"
+
+    def ask(self, timeout: float = 30) -> bool:
+        """One chat completion through the gateway, as a client asks it."""
+        body = json.dumps({"model": "/models/glm53", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": f"17 x 23 = ? ({time.monotonic_ns()})"}]}).encode()
+        req = urllib.request.Request(f"http://{self.gateway}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", **key_header(self.cluster)})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the simulated gateway
+                return resp.status == 200 and bool(json.loads(resp.read())["choices"])
+        except (OSError, urllib.error.URLError, ValueError, KeyError):
+            return False
+
+    def workers(self) -> list[dict]:
+        """The gateway's workers (smg's GET /workers): url, status, is_healthy."""
+        req = urllib.request.Request(f"http://{self.gateway}/workers", headers=key_header(self.cluster))
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the simulated gateway
+            return json.loads(resp.read())["workers"]
+
+    def counted(self, group: str) -> float:
+        """The requests the group's head has processed (its /metrics counter)."""
+        head = self.nodes[GROUPS[group][0]]
+        req = urllib.request.Request(f"http://{head.mgmt_ip}:30000/metrics", headers=key_header(self.cluster))
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the simulated head
+            return sum(float(v) for v in COUNTER.findall(resp.read().decode()))
+
+
+class Client(threading.Thread):
+    """Loops requests through the gateway until stopped, counting what failed; `watch` is called between them."""
+
+    def __init__(self, site, watch=None):
+        super().__init__(daemon=True)
+        self.site, self.watch, self.ok, self.failed = site, watch, 0, 0
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.is_set():
+            if self.site.ask():
+                self.ok += 1
+            else:
+                self.failed += 1
+            if self.watch:
+                self.watch()
+            # A client's pace, not a load test: the run under test shares the machine's two cores.
+            self.stopping.wait(0.05)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stopping.set()
+        self.join(timeout=60)
+
 
 @pytest.fixture(scope="module")
 def site(sim_groups, tmp_path_factory):
     """Both groups converged by one site.yml run (shared by every test of the module)."""
     for n in sim_groups.nodes:
-        sim.set_knobs(sim_groups.instance, n.name, {"sglang": {"load_seconds": 0.2}})
-    s = Site(sim_groups, {"verify_report_dir": str(tmp_path_factory.mktemp("reports"))})
+        sim.set_knobs(sim_groups.instance, n.name, {"sglang": {"load_seconds": 0.2}, "docker": {"registry": BUILDS}})
+    s = Site(sim_groups, {"verify_report_dir": str(tmp_path_factory.mktemp("reports")), **SUPERVISOR, **GATEWAY})
     s.converged = s.play("site.yml")
     assert s.converged.rc == 0, s.converged.failure_messages() or s.converged.stdout[-3000:]
     return s
@@ -90,3 +169,81 @@ def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):
     assert site.started("replica_b") == before["replica_b"]
     assert flag(args_of(site.nodes["spark-2"]), "--max-running-requests") != "1"
     assert serves(site.cluster, site.nodes["spark-0"]) and serves(site.cluster, site.nodes["spark-2"])
+
+
+def test_requests_through_the_gateway_reach_both_groups(site):
+    before = {group: site.counted(group) for group in GROUPS}
+    # Distinct prompts, two at a time: the cache-aware policy spreads what shares no prefix over both heads.
+    with Client(site), Client(site) as client:
+        wait_for(lambda: all(site.counted(g) > before[g] for g in GROUPS), "both heads to count a request", 120,
+                 every=0.5)
+    assert client.failed == 0, client.failed
+    assert sorted(w["url"] for w in site.workers()) == sorted(
+        f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS)
+
+
+def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(site):
+    head, worker = (site.nodes[n] for n in GROUPS["replica_b"])
+
+    def supervisor():
+        try:
+            return json.loads(read_node_file(head, f"{STATE_DIR}/state.json") or "{}")
+        except (ValueError, OSError):
+            return {}
+
+    restarts = len(supervisor().get("restarts", []))
+    with Client(site) as one, Client(site) as two:
+        wait_for(lambda: one.ok and two.ok, "the clients' first answers", 60, every=0.2)
+        signal_rank(worker, "KILL")
+        # Healed: the supervisor restarted the group and calls it healthy; then the gateway uses it again.
+        wait_for(lambda: len(supervisor().get("restarts", [])) > restarts and supervisor().get("state") == "healthy",
+                 "replica_b's supervisor to heal the group", 420, every=0.5)
+        healed = site.counted("replica_b")
+        wait_for(lambda: site.counted("replica_b") > healed, "the gateway to use replica_b again", 120, every=0.5)
+    failed, answered = one.failed + two.failed, one.ok + two.ok
+    print(f"killed rank: {failed} of {failed + answered} requests through the gateway failed")
+    # At most what the two clients had in flight on replica_b when its rank died, and its broken answers before
+    # the gateway's next health check (1 s) took it out.
+    assert failed <= 4, (failed, answered)
+    assert answered > failed
+
+
+def test_a_group_that_fails_its_upgrade_rolls_back_into_the_gateway_and_the_next_group_is_not_touched(site):
+    before = site.started("replica_b")
+    images = {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]}
+    with Client(site) as client:
+        result = site.play("playbooks/upgrade.yml", server_image=WRONG)
+    assert result.rc != 0, result.stdout[-3000:]
+    assert "The change failed and was rolled back" in result.failure_messages(), result.failure_messages()
+    # replica_a went back to its image and, serving, back into the gateway; replica_b never left nor restarted.
+    assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == {
+        f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
+    assert site.started("replica_b") == before
+    assert {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]} == images
+    print(f"failed upgrade: {client.ok} requests through the gateway, {client.failed} failed")
+    assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
+
+
+def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
+    new = f"{IMAGE}-v2"
+    heads = {f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
+    seen: list[set] = []
+
+    def record():
+        try:
+            seen.append({w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]})
+        except (OSError, urllib.error.URLError, ValueError, KeyError):
+            seen.append(set())
+
+    with Client(site, watch=record) as client:
+        result = site.play("playbooks/upgrade.yml", server_image=new)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    print(f"rolling upgrade: {client.ok} requests through the gateway, {client.failed} failed")
+    assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
+    # Never both groups out of the gateway: every look found a ready head, and each head was out at some point.
+    assert all(seen), [i for i, s in enumerate(seen) if not s]
+    assert all(any(h not in s for s in seen) for h in heads), seen
+    assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == heads
+    for node in site.nodes.values():
+        image = sh(node, "docker inspect --format '{{.Config.Image}}' spark-llm").strip()
+        assert image == new, (node.name, image)

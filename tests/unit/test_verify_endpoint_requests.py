@@ -71,3 +71,51 @@ def test_the_two_generations_are_in_flight_together(tmp_path):
     assert result["exchanges"]["tool_call"]["status"] == 200
     # Every exchange is still reported, in the order the checks read them.
     assert list(result["exchanges"]) == ["models", "reasoning", "tool_call", "unauthenticated"]
+
+
+def gateway_like(key: str) -> ThreadingHTTPServer:
+    """What smg 1.13.0 does with its key: /v1/models answers anyone, a generation needs the key (401 otherwise)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status, document):
+            body = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            if self.headers.get("authorization") != f"Bearer {key}":
+                self.reply(401, {"error": {"message": "Invalid API key", "code": "invalid_api_key"}})
+                return
+            self.reply(200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "391"}}]})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_gateway_key_is_judged_on_a_generation_where_the_model_list_is_open(tmp_path):
+    server = gateway_like("the-key")
+    try:
+        params = {"endpoint": f"http://127.0.0.1:{server.server_address[1]}", "expected_model": MODEL,
+                  "api_key": "the-key", "timeout": 30}
+        on_models = run_module("verify_endpoint", params, tmp_path)
+        on_generation = run_module("verify_endpoint", {**params, "auth_probe": "generation"}, tmp_path)
+    finally:
+        server.shutdown()
+    auth = {name: next(c for c in r["checks"] if c["name"] == "auth") for name, r in
+            (("models", on_models), ("generation", on_generation))}
+    assert not auth["models"]["ok"], auth
+    assert auth["generation"]["ok"], auth
+    assert on_generation["exchanges"]["unauthenticated"]["status"] == 401
+    assert on_generation["exchanges"]["wrong_key"]["status"] == 401
