@@ -169,18 +169,24 @@ def sim_cluster(request):
         sim.down(instance)
 
 
-@pytest.fixture(scope="module")
-def sim_groups(request):
-    """Four simulated Sparks as two TP groups of two (replica_a: spark-0, spark-1; replica_b: spark-2, spark-3),
-    one fabric rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE plus `g`)."""
+def _own_four_nodes(request, suffix: str, **layout):
+    """A module's own instance of four nodes (SPARK_SIM_INSTANCE plus suffix), one rail, with the hub; its nodes'
+    CPU counted for the module, and the nodes taken down after it unless --keep-nodes."""
     _require_root()
     nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
-    instance = sim_instance_name("g")
-    c = sim.up(instance, 4, hub=True, site_rails=1, tp_groups=2)
+    instance = sim_instance_name(suffix)
+    c = sim.up(instance, 4, hub=True, site_rails=1, **layout)
     yield c
     nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
     if not request.config.getoption("--keep-nodes"):
         sim.down(instance)
+
+
+@pytest.fixture(scope="module")
+def sim_groups(request):
+    """Four simulated Sparks as two TP groups of two (replica_a: spark-0, spark-1; replica_b: spark-2, spark-3),
+    one fabric rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE plus `g`)."""
+    yield from _own_four_nodes(request, "g", tp_groups=2)
 
 
 @pytest.fixture(scope="module")
@@ -188,14 +194,7 @@ def sim_tp4(request):
     """Four simulated Sparks as one TP group of four (spark-0 the head, spark-1..3 its workers, ranked in that
     order), the fabric ports on one switch, one rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE
     plus `t`)."""
-    _require_root()
-    nodes_cpu = request.node.stash.get(_NODES_CPU, {"own": 0.0})
-    instance = sim_instance_name("t")
-    c = sim.up(instance, 4, hub=True, site_rails=1)
-    yield c
-    nodes_cpu["own"] += sim.instance_cpu_seconds(instance)
-    if not request.config.getoption("--keep-nodes"):
-        sim.down(instance)
+    yield from _own_four_nodes(request, "t")
 
 
 @pytest.fixture(scope="module")

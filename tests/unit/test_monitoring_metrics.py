@@ -431,16 +431,21 @@ def test_the_promql_reader_finds_names_and_nothing_else():
     assert promql_metrics(expr) == {"sglang:time_to_first_token_seconds_bucket", "up", "ALERTS"}
 
 
+# A pair's record as heads before the pairs' own ends wrote it (the head measured each worker), one rail's
+# measurement failed.
+TWO_RAIL_RECORD = {
+    "kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": ["enp1s0f1np1", "enP2p1s0f1np1"],
+    "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
+        {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1",
+         "gbits_per_second": 97.5},
+        {"rail": "enP2p1s0f1np1", "head_hca": "roceP2p1s0f1", "worker": "spark-1", "worker_hca": "roceP2p1s0f1",
+         "gbits_per_second": None}]},
+    "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19}}
+
+
 def test_the_collector_exports_the_fabric_proofs_last_figures_from_the_heads_record(tmp_path):
     record = tmp_path / "proof.json"
-    record.write_text(json.dumps({
-        "kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": ["enp1s0f1np1", "enP2p1s0f1np1"],
-        "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
-            {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1",
-             "gbits_per_second": 97.5},
-            {"rail": "enP2p1s0f1np1", "head_hca": "roceP2p1s0f1", "worker": "spark-1", "worker_hca": "roceP2p1s0f1",
-             "gbits_per_second": None}]},
-        "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19}}))
+    record.write_text(json.dumps(TWO_RAIL_RECORD))
     found = collect(tmp_path, "--fabric-record", str(record))
     assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enp1s0f1np1", device="rocep1s0f1",
                   peer="spark-1") == 97.5
@@ -454,14 +459,7 @@ def test_the_collector_exports_the_fabric_proofs_last_figures_from_the_heads_rec
     pairs = collect(tmp_path, "--fabric-record", str(record))
     assert sample(pairs, "spark_fabric_rdma_write_gbits_per_second", node="spark-1", peer="spark-3") == 91.0
     assert sample(pairs, "spark_fabric_rdma_write_gbits_per_second", node="spark-0", peer="spark-3") == 90.0
-    record.write_text(json.dumps({
-        "kind": "spark-llm-fabric-proof", "members": ["spark-0", "spark-1"], "rails": ["enp1s0f1np1", "enP2p1s0f1np1"],
-        "rdma_write": {"time": "2026-12-04T12:00:00Z", "pairs": [
-            {"rail": "enp1s0f1np1", "head_hca": "rocep1s0f1", "worker": "spark-1", "worker_hca": "rocep1s0f1",
-             "gbits_per_second": 97.5},
-            {"rail": "enP2p1s0f1np1", "head_hca": "roceP2p1s0f1", "worker": "spark-1", "worker_hca": "roceP2p1s0f1",
-             "gbits_per_second": None}]},
-        "all_reduce": {"time": "2026-12-04T12:00:05Z", "bytes": "1G", "network": "IB", "busbw_gbytes_per_second": 23.19}}))
+    record.write_text(json.dumps(TWO_RAIL_RECORD))
     # A rail whose measurement failed has no figure (not a zero that reads as a measured one).
     assert sample(found, "spark_fabric_rdma_write_gbits_per_second", rail="enP2p1s0f1np1", device="roceP2p1s0f1",
                   peer="spark-1") is None

@@ -17,6 +17,34 @@ MODEL = "glm-5.3-flash"
 GIVE_UP_SECONDS = 60
 
 
+class JsonHandler(BaseHTTPRequestHandler):
+    """An OpenAI-like endpoint's replies: JSON, a model list to anyone, the one chat answer (391)."""
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, document):
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802
+        self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    def answer(self):
+        self.reply(200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "391"}}]})
+
+
+def serve(handler) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 class Barrier:
     def __init__(self):
         self.arrived = threading.Barrier(2, timeout=GIVE_UP_SECONDS)
@@ -25,21 +53,7 @@ class Barrier:
     def serve(self):
         barrier = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def reply(self, status, document):
-                body = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):  # noqa: N802
-                self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
+        class Handler(JsonHandler):
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 try:
@@ -49,12 +63,9 @@ class Barrier:
                     self.reply(503, {"object": "error", "message": "the other generation never came"})
                     return
                 barrier.met.append(True)
-                self.reply(200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
-                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "391"}}]})
+                self.answer()
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
+        return serve(Handler)
 
 
 def test_the_two_generations_are_in_flight_together(tmp_path):
@@ -76,32 +87,15 @@ def test_the_two_generations_are_in_flight_together(tmp_path):
 def gateway_like(key: str) -> ThreadingHTTPServer:
     """What smg 1.13.0 does with its key: /v1/models answers anyone, a generation needs the key (401 otherwise)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def reply(self, status, document):
-            body = json.dumps(document).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):  # noqa: N802
-            self.reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
+    class Handler(JsonHandler):
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers.get("content-length", 0)))
             if self.headers.get("authorization") != f"Bearer {key}":
                 self.reply(401, {"error": {"message": "Invalid API key", "code": "invalid_api_key"}})
                 return
-            self.reply(200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "391"}}]})
+            self.answer()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve(Handler)
 
 
 def test_the_gateway_key_is_judged_on_a_generation_where_the_model_list_is_open(tmp_path):
