@@ -115,7 +115,8 @@ def site_errors(groups, hostvars, names=None, here=None):
     """
     n = _names(names)
     here = here or {}
-    errors = _gateway_port(groups, n, here)
+    entries = site_groups(groups, n)
+    errors = _gateway_port(groups, entries, n, here)
     if not here.get("whole", True):
         return errors
     tp = n["tp_groups_group"]
@@ -158,8 +159,8 @@ def site_errors(groups, hostvars, names=None, here=None):
                     f"spark_fabric_ip {ip} is held by {', '.join(holders)} in the TP groups {', '.join(named)}: two "
                     "nodes with one address answer for each other, and a group's ranks could rendezvous with "
                     "another group's node. Fix: give every host a distinct spark_fabric_ip.")
-    errors += _fabric_on_management(groups, hostvars, n, tp_names)
-    errors += _fabric_subnets(site_groups(groups, n), hostvars, here.get("fabric_prefix", 24), bool(tp_names))
+    errors += _fabric_on_management(groups, entries, hostvars)
+    errors += _fabric_subnets(entries, hostvars, here.get("fabric_prefix", 24), bool(tp_names))
     gateway = _members(groups, n["gateway_group"])
     if len(gateway) > 1:
         errors.append(
@@ -168,10 +169,9 @@ def site_errors(groups, hostvars, names=None, here=None):
     return errors
 
 
-def _fabric_on_management(groups, hostvars, n, tp_names):
+def _fabric_on_management(groups, entries, hostvars):
     """A fabric address that is another group's or an outside host's management address (the server plan
     refuses it within a group): the fabric role would move that address onto a fabric port."""
-    entries = site_groups(groups, n)
     errors = []
     managed = {}
     for host in _members(groups, "all"):
@@ -218,8 +218,7 @@ def _fabric_subnets(entries, hostvars, default_prefix, several):
     return errors
 
 
-def _gateway_port(groups, n, here):
-    entries = site_groups(groups, n)
+def _gateway_port(groups, entries, n, here):
     place = gateway(groups, entries, n)
     host = here.get("host")
     if not place["enabled"] or host != place["host"] or host not in [e["head"] for e in entries]:
