@@ -256,6 +256,8 @@ def pytest_terminal_summary(terminalreporter, config):
     run_log = Path(f"{RUN_LOG}-{run}.jsonl")
     if run_log.exists():
         runs = [json.loads(line) for line in run_log.read_text().splitlines()]
+        if os.environ.get("SPARK_TEST_RUNS_JSON"):  # every run, for a look at where the time went
+            Path(os.environ["SPARK_TEST_RUNS_JSON"]).write_text(json.dumps(runs, indent=1))
         run_log.unlink()
     runs_of: dict[str, list[dict]] = {}
     for entry in runs:
