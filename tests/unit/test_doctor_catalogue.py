@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lib.checkpoint_site import free_port
 from tests.lib.roles import filter_plugin, flag_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -624,7 +625,7 @@ def standin(tmp_path, *flags, knobs=None, env=None, nnodes=1):
     (root / "etc/spark-sim/node.json").write_text(json.dumps({"sglang": {"load_seconds": 0, "rendezvous_timeout": 1,
                                                                          **(knobs or {})}}))
     args = ["--model-path", str(model), "--tp-size", str(nnodes), "--nnodes", str(nnodes), "--node-rank", "0",
-            "--dist-init-addr", "127.0.0.1:1", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
+            "--dist-init-addr", f"127.0.0.1:{free_port()}", "--attention-backend", "dsa", "--dsa-prefill-backend", "tilelang",
             "--dsa-decode-backend", "tilelang", "--context-length", "65536", "--max-running-requests", "2",
             "--host", "127.0.0.1", "--port", "1", *flags]
     environ = {"PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "all", "SPARK_SIM_ROOT": str(root),

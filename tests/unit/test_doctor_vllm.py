@@ -237,7 +237,7 @@ def test_a_context_the_kv_cache_cannot_hold_lowers_concurrency_first_then_contex
 def standin_failure(tmp_path, model, *, knobs=None, gpu=None, nnodes=1, **flags):
     """Run the stand-in vLLM to its end, as a failed rank's journal."""
     root = knob_root(tmp_path, vllm={"rendezvous_timeout": 1, **(knobs or {})}, gpu=gpu)
-    args = serve_args(model, 1, nnodes=nnodes, master_port=1 if nnodes > 1 else None, **flags)
+    args = serve_args(model, 1, nnodes=nnodes, master_port=free_port() if nnodes > 1 else None, **flags)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NVIDIA_VISIBLE_DEVICES": "all", **FABRIC_ENV,
            "SPARK_SIM_ROOT": str(root)}
     proc = subprocess.run([sys.executable, str(SERVER), *args], env=env, capture_output=True, text=True, timeout=60,
