@@ -46,7 +46,6 @@ HEAVY_FIRST = (
     "test_server_nodes.py",
     "test_firewall.py",
     "test_groups.py",
-    "test_tp4.py",
     "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
@@ -183,18 +182,11 @@ def _own_four_nodes(request, suffix: str, **layout):
 
 
 @pytest.fixture(scope="module")
-def sim_groups(request):
-    """Four simulated Sparks as two TP groups of two (replica_a: spark-0, spark-1; replica_b: spark-2, spark-3),
-    one fabric rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE plus `g`)."""
-    yield from _own_four_nodes(request, "g", tp_groups=2)
-
-
-@pytest.fixture(scope="module")
-def sim_tp4(request):
-    """Four simulated Sparks as one TP group of four (spark-0 the head, spark-1..3 its workers, ranked in that
-    order), the fabric ports on one switch, one rail, with the hub: the module's own instance (SPARK_SIM_INSTANCE
-    plus `t`)."""
-    yield from _own_four_nodes(request, "t")
+def sim_four(request):
+    """Four simulated Sparks, written as one TP group of four (spark-0 the head, spark-1..3 its workers, ranked in
+    that order; `sim.regroup` writes them as two groups of two), the fabric ports on one switch, one rail, with the
+    hub: the module's own instance (SPARK_SIM_INSTANCE plus `f`)."""
+    yield from _own_four_nodes(request, "f")
 
 
 @pytest.fixture(scope="module")

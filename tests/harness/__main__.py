@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("-i", "--instance", default="sim")
     again.add_argument("node")
     again.add_argument("--knobs", default="{}", help='JSON {"gpu": {...}} for the fresh node')
+    regroup = sub.add_parser("regroup", help="write the inventory again for another number of TP groups; the nodes keep "
+                                             "their state")
+    regroup.add_argument("-i", "--instance", default="sim")
+    regroup.add_argument("tp_groups", type=int)
     power = {
         "power-cycle": "power nodes off together (no shutdown), then on; root filesystems, host keys and network kept",
         "power-off": "pull the nodes' plugs: killed at once, no shutdown; their disks stay",
@@ -73,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster.down(args.instance)
     elif args.cmd == "knob":
         cluster.set_knobs(args.instance, args.node, json.loads(args.json))
+    elif args.cmd == "regroup":
+        print(cluster.regroup(args.instance, args.tp_groups).inventory)
     elif args.cmd == "reinstall":
         cluster.reinstall(args.instance, args.node, json.loads(args.knobs))
     elif args.cmd == "power-cycle":

@@ -218,6 +218,19 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
     return cluster
 
 
+def regroup(instance: str, tp_groups: int) -> Cluster:
+    """Write the instance's inventory again for `tp_groups` TP groups (equal in size, in node order), as an
+    operator regroups the same Sparks: the nodes, their state and the controller's .credentials stay."""
+    with _lock():
+        c = _load(instance)
+        if tp_groups < 1 or len(c.nodes) % tp_groups or len(c.nodes) // tp_groups < 2:
+            raise SystemExit(f"harness: {len(c.nodes)} nodes make no {tp_groups} TP groups of at least 2 nodes each")
+        c.tp_groups = tp_groups
+        _write_inventory(c)
+        c.save()
+    return c
+
+
 def reinstall(instance: str, node: str, knobs: dict | None = None) -> Node:
     """Re-provision one node like a fresh OS install: same name, addresses and cabling;
     new root filesystem, machine-id and SSH host keys; fabric port back to MTU 1500
