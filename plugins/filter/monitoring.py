@@ -126,6 +126,15 @@ def monitoring_plan(ctx):
         errors.append(
             f"{group} = {', '.join(candidates)}: one Prometheus watches the group, so the group holds one monitoring "
             f"host. Fix: keep one host in {group} (or set spark_monitor_host to it).")
+    mixed = _mixed_engines(ctx)
+    if mixed:
+        # One Prometheus reads one engine's metric names and rules; a group of the other engine would be scraped
+        # under names its engine does not export, its alerts silent.
+        errors.append(
+            "spark_monitoring = true on a site whose TP groups run different engines ("
+            + "; ".join(f"{engine}: {', '.join(names)}" for engine, names in sorted(mixed.items()))
+            + "): the monitoring watches the site with one engine's metrics and alerts, and would miss the others'. "
+            "Fix: run one engine in every group (spark_engine), or set spark_monitoring: false.")
 
     for var, key in (("monitoring_scrape_interval", "scrape_interval"),
                      ("monitoring_evaluation_interval", "evaluation_interval"),
@@ -296,23 +305,44 @@ def _target_address(host, hostvars):
     return (hostvars.get(host) or {}).get("ansible_host", host)
 
 
+def _site_groups(ctx):
+    """[(label, head, nodes)]: the site's TP groups (ctx `groups`, spark_site_groups), each labelled with its name
+    where the site has several; the host's own group, unlabelled, where it has one."""
+    groups = [g for g in ctx.get("groups") or [] if isinstance(g, Mapping) and g.get("nodes")]
+    if len(groups) > 1:
+        return [({"tp_group": g["name"]}, g.get("head"), list(g["nodes"])) for g in groups]
+    return [({}, ctx.get("head"), list(ctx.get("nodes") or []))]
+
+
+def _mixed_engines(ctx):
+    """The site's groups by engine ({engine: [group, ...]}) when they do not all run one engine, else {}."""
+    by_engine = {}
+    for name, engine in (ctx.get("group_engines") or {}).items():
+        by_engine.setdefault(str(engine), []).append(name)
+    return by_engine if len(by_engine) > 1 else {}
+
+
 def monitoring_targets(ctx, hostvars):
-    """[{job, target, labels}] of every endpoint the monitoring host scrapes, from the inventory."""
-    nodes = list(ctx.get("nodes") or [])
-    head = ctx.get("head")
+    """[{job, target, labels}] of every endpoint the monitoring host scrapes, from the inventory: every node and
+    every head of the site (one Prometheus for the site), each labelled with its TP group on a site of several."""
+    site = _site_groups(ctx)
+    every = [node for _label, _head, nodes in site for node in nodes]
     monitor = ctx.get("monitor")
     node_port = inputs.port(ctx.get("node_exporter_port"))
     out = []
-    for rank, node in enumerate(nodes):
-        out.append({"job": "node", "target": _host_port(_target_address(node, hostvars), node_port),
-                    "labels": {"node": node, "rank": str(rank), "role": "head" if node == head else "worker"}})
-    if monitor and monitor not in nodes:
-        # A monitoring host outside the TP group: its node exporter listens on loopback only.
+    for label, head, nodes in site:
+        for rank, node in enumerate(nodes):
+            out.append({"job": "node", "target": _host_port(_target_address(node, hostvars), node_port),
+                        "labels": {"node": node, "rank": str(rank), "role": "head" if node == head else "worker",
+                                   **label}})
+    if monitor and monitor not in every:
+        # A monitoring host outside the TP groups: its node exporter listens on loopback only.
         out.append({"job": "node", "target": _host_port("127.0.0.1", node_port),
                     "labels": {"node": monitor, "role": "monitor"}})
-    if head:
-        out.append({"job": "server", "target": _host_port(_target_address(head, hostvars), ctx.get("server_port")),
-                    "labels": {"node": head, "rank": "0", "role": "head"}})
+    for label, head, _nodes in site:
+        if head:
+            out.append({"job": "server", "target": _host_port(_target_address(head, hostvars), ctx.get("server_port")),
+                        "labels": {"node": head, "rank": "0", "role": "head", **label}})
     gateway = ctx.get("gateway") or {}
     if gateway.get("host"):
         # The model gateway's own metrics port, bound where only the monitoring host reaches it.

@@ -271,6 +271,50 @@ def test_the_generated_configuration_passes_promtool(tmp_path, variant):
         assert "gateway" not in jobs
 
 
+SITE = [{"name": "replica_a", "head": "spark-0", "workers": ["spark-1"], "nodes": ["spark-0", "spark-1"]},
+        {"name": "replica_b", "head": "spark-2", "workers": ["spark-3"], "nodes": ["spark-2", "spark-3"]}]
+SITE_HOSTVARS = {**HOSTVARS, "spark-2": {"ansible_host": "10.0.0.12"}, "spark-3": {"ansible_host": "10.0.0.13"}}
+
+
+def test_one_prometheus_scrapes_every_group_of_the_site_each_under_its_name(tmp_path):
+    """On a site of several TP groups the monitoring host (the first head) scrapes every node and every head, each
+    labelled with its group (it scraped its own group alone); a site of one group keeps its labels as they were."""
+    c = ctx(tmp_path, groups=SITE, group_engines={"replica_a": "sglang", "replica_b": "sglang"})
+    (tmp_path / "spark_llm_api_key").write_text("k" * 48)
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(FILTER.monitoring_rules(c), sort_keys=False, width=200))
+    config = FILTER.monitoring_prometheus_config(c, SITE_HOSTVARS)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    checked = promtool_run("check", "config", str(tmp_path / "prometheus.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    nodes = {t: g["labels"] for g in jobs["node"]["static_configs"] for t in g["targets"]}
+    assert nodes == {
+        "10.0.0.10:9100": {"node": "spark-0", "rank": "0", "role": "head", "tp_group": "replica_a"},
+        "10.0.0.11:9100": {"node": "spark-1", "rank": "1", "role": "worker", "tp_group": "replica_a"},
+        "10.0.0.12:9100": {"node": "spark-2", "rank": "0", "role": "head", "tp_group": "replica_b"},
+        "10.0.0.13:9100": {"node": "spark-3", "rank": "1", "role": "worker", "tp_group": "replica_b"}}
+    heads = {t: g["labels"] for g in jobs["server"]["static_configs"] for t in g["targets"]}
+    assert heads == {"10.0.0.10:30000": {"node": "spark-0", "rank": "0", "role": "head", "tp_group": "replica_a"},
+                     "10.0.0.12:30000": {"node": "spark-2", "rank": "0", "role": "head", "tp_group": "replica_b"}}
+    assert FILTER.monitoring_plan(c)["errors"] == []
+    one = FILTER.monitoring_prometheus_config(ctx(tmp_path, groups=SITE[:1], group_engines={"replica_a": "sglang"}),
+                                              SITE_HOSTVARS)
+    assert {t: g["labels"] for j in one["scrape_configs"] if j["job_name"] == "node"
+            for g in j["static_configs"] for t in g["targets"]} == {
+        "10.0.0.10:9100": {"node": "spark-0", "rank": "0", "role": "head"},
+        "10.0.0.11:9100": {"node": "spark-1", "rank": "1", "role": "worker"}}
+
+
+def test_a_site_whose_groups_run_different_engines_is_refused_while_the_monitoring_is_on(tmp_path):
+    mixed = {"replica_a": "sglang", "replica_b": "vllm"}
+    errors = FILTER.monitoring_plan(ctx(tmp_path, groups=SITE, group_engines=mixed))["errors"]
+    assert len(errors) == 1 and errors[0].startswith(
+        "spark_monitoring = true on a site whose TP groups run different engines (sglang: replica_a; vllm: "
+        "replica_b)") and "Fix: run one engine in every group (spark_engine), or set spark_monitoring: false." in \
+        errors[0], errors
+    assert FILTER.monitoring_plan(ctx(tmp_path, groups=SITE, group_engines=mixed, monitoring=False))["errors"] == []
+
+
 def test_promtool_refuses_a_configuration_whose_key_file_is_missing(tmp_path):
     """What the template's validate relies on: the configuration is checked with the files it names."""
     c = ctx(tmp_path)
