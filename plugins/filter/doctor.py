@@ -439,8 +439,12 @@ def _invocation(inv, entries):
         if e["msg"].startswith("Stopped ") or e["msg"].endswith(": Deactivated successfully."):
             outcome["stopped"] = True
     # When the main process ended, not when systemd last spoke of it (a later stop, a refused start).
-    return {"id": inv, "start": entries[0]["t"], "end": ended or entries[-1]["t"], "entries": entries,
-            "outcome": outcome}
+    end = ended or entries[-1]["t"]
+    # The rank's own last line before that: when it died. Its container's teardown before the main process (the
+    # docker client) exits can take seconds on a busy node, and a peer's collective fails at the death.
+    said = [e["t"] for e in entries[1:] if e["t"] <= end and not MAIN_EXIT.search(e["msg"])]
+    return {"id": inv, "start": entries[0]["t"], "end": end, "last_output": said[-1] if said else end,
+            "entries": entries, "outcome": outcome}
 
 
 def _window(items, start, end):
@@ -732,8 +736,9 @@ def _peer_story(node, peers, at=0.0):
     """For a rank whose rendezvous or collective failed (at `at`, its error line): the peers not there, and why.
 
     A peer was there when one of its starts had begun by then and was still running, or ended
-    within 2 s before (a TP group dies together: that peer died first; the two nodes' clocks and
-    journals are a second apart at most). Returns (absent: [text], died: [text], unknown: [host]).
+    within 2 s before (a TP group dies together: that peer died first when its last line came at most a second
+    after this rank's failure; the two nodes' clocks and journals are a second apart at most).
+    Returns (absent: [text], died: [text], unknown: [host]).
     """
     current = node.get("current") or {}
     fail_at = at or current.get("end") or node.get("now") or 0
@@ -749,7 +754,8 @@ def _peer_story(node, peers, at=0.0):
         there = [r for r in runs if r["start"] <= fail_at + 1 and (r.get("running") or r["end"] >= fail_at - 2)]
         if there:
             last = there[-1]
-            if not last.get("running") and last.get("failed") and last["end"] <= fail_at + 1:
+            # Judged on its last line, not its unit's end: see _invocation.
+            if not last.get("running") and last.get("failed") and last.get("last_output", last["end"]) <= fail_at + 1:
                 died.append(f"{name} ended at {_stamp(last['end'])}, just before this rank" + (f": {why}" if why else ""))
             continue
         overlapping = [r for r in runs if r["start"] <= fail_at + 1 and r["end"] >= start_at - 1]
@@ -1051,8 +1057,9 @@ def evidence(results, fabric_interface="", flag_model=None):
         "now": now,
         "raw": raw,
     }
-    runs = [{"id": r["id"], "start": r["start"], "end": r["end"], "failed": _failed(r["outcome"]),
-             "running": r is current and active} for r in ([current] if current else []) + earlier]
+    runs = [{"id": r["id"], "start": r["start"], "end": r["end"], "last_output": r.get("last_output", r["end"]),
+             "failed": _failed(r["outcome"]), "running": r is current and active}
+            for r in ([current] if current else []) + earlier]
     return {"node": node, "facts": facts, "deployed": deployed, "args": deployed["args_file"] or [],
             "runs": runs, "earlier": earlier, "all_events": events, "all_kernel": kernel}
 
