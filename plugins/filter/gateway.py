@@ -18,8 +18,6 @@ NUMBERS = (
     ("gateway_health_failure_threshold", 1, "failed checks in a row before a group is taken out", "3"),
     ("gateway_health_success_threshold", 1, "answered checks in a row before a group is put back", "2"),
     ("gateway_readiness_timeout", 1, "seconds a start may take until every head is registered", "180"),
-    ("gateway_balance_abs_threshold", 0, "requests in flight above the groups' mean before a request leaves the "
-     "group that holds its prefix", "0"),
 )
 
 
@@ -50,7 +48,7 @@ def gateway_plan(ctx):
     ``ctx``: enabled (spark_gateway_enabled), host (the gateway host), heads (every group's head),
     management ({host: ansible_host}), monitor (the monitoring host), the gateway_* settings without
     their prefix (version, pins, port, listen_address, policy, metrics_port, metrics_address, heads_port,
-    heads_tls, the health numbers, the balance thresholds), paths on the gateway host (tls_cert, tls_key, heads_ca: '' for none)
+    heads_tls, the health numbers), paths on the gateway host (tls_cert, tls_key, heads_ca: '' for none)
     and keyed (whether the heads serve with a key).
 
     Returns {errors, enabled, args (smg launch's, without the key), worker_urls, metrics_address}.
@@ -102,15 +100,6 @@ def gateway_plan(ctx):
             errors.append(f"{var} = {inputs.shown(raw)}: must be a whole number >= {low} ({what}). Fix: e.g. "
                           f"{var}: {example}.")
         numbers[var] = number
-    rel = ctx.get("balance_rel_threshold")
-    try:
-        rel_number = float(rel)
-    except (TypeError, ValueError):
-        rel_number = None
-    if isinstance(rel, bool) or rel_number is None or not 1.0 <= rel_number < float("inf"):
-        errors.append(f"gateway_balance_rel_threshold = {inputs.shown(rel)}: must be a number >= 1.0 (a group's "
-                      "requests in flight, as a multiple of the groups' mean, before a request leaves the group that "
-                      "holds its prefix). Fix: e.g. gateway_balance_rel_threshold: 1.0.")
     if inputs.switch(ctx.get("tls_unsigned")):
         errors.append("gateway_tls_cert = '': TLS is on (server_tls) with the heads' own certificate (server_tls_cert), "
                       "so no CA generated here can sign one for the gateway. Fix: set gateway_tls_cert and "
@@ -142,11 +131,6 @@ def gateway_plan(ctx):
             "--health-check-timeout-secs", str(numbers["gateway_health_check_timeout"]),
             "--health-failure-threshold", str(numbers["gateway_health_failure_threshold"]),
             "--health-success-threshold", str(numbers["gateway_health_success_threshold"]),
-            # A group of the seed's point runs two requests at once: a request queued behind a busy group waits a
-            # whole answer, where a prefix it finds cached saves only its prefill. smg's defaults (64 requests and
-            # 1.5x above the mean) keep a few requests on one group while the other idles.
-            "--balance-abs-threshold", str(numbers["gateway_balance_abs_threshold"]),
-            "--balance-rel-threshold", f"{rel_number:g}",
             "--prometheus-host", metrics_address, "--prometheus-port", str(ports["metrics_port"]),
             # The gateway host holds no checkpoint and reaches no hub: the heads tokenize.
             "--disable-tokenizer-autoload"]

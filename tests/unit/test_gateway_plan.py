@@ -39,8 +39,6 @@ def test_the_defaults_give_smg_its_arguments_without_the_key():
         "--policy", "cache_aware",
         "--health-check-endpoint", "/health", "--health-check-interval-secs", "10", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "3", "--health-success-threshold", "2",
-        # A request leaves the group holding its prefix once that group has more in flight than the groups' mean.
-        "--balance-abs-threshold", "0", "--balance-rel-threshold", "1",
         # The monitoring host is the gateway host: its metrics stay on loopback.
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000", "--disable-tokenizer-autoload"]
     assert "--api-key" not in plan["args"]
@@ -75,9 +73,6 @@ def test_off_it_checks_nothing_but_its_switch():
     ({"port": 70000}, "gateway_port = 70000: not a TCP port."),
     ({"health_check_interval": 0}, "gateway_health_check_interval = 0: must be a whole number >= 1"),
     ({"health_failure_threshold": "three"}, "gateway_health_failure_threshold = 'three': must be a whole number"),
-    ({"balance_abs_threshold": -1}, "gateway_balance_abs_threshold = -1: must be a whole number >= 0"),
-    ({"balance_rel_threshold": 0.5}, "gateway_balance_rel_threshold = 0.5: must be a number >= 1.0"),
-    ({"balance_rel_threshold": "even"}, "gateway_balance_rel_threshold = 'even': must be a number >= 1.0"),
     ({"heads": []}, "spark_heads = []: the gateway fronts every TP group's head, and there is none."),
     ({"host": "", "heads": [HEAD]}, "spark_gateway_host = '': the gateway needs a host."),
     ({"management": {HEAD: ""}}, "ansible_host of spark-0: the gateway reaches each head by its management address."),
