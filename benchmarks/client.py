@@ -28,7 +28,7 @@ from pathlib import Path
 from tests.lib.role_module import module_utils
 from tests.lib.seed import seed_args
 
-from .report import Figure, machine_facts, markdown_table, read_loadavg
+from .report import Figure, machine_facts, markdown_table, read_loadavg, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "tests" / "standins" / "lib" / "sglang_server.py"
@@ -133,11 +133,7 @@ def main(argv=None) -> int:
     doc = {"kind": "spark-bench-client", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "smoke": args.smoke,
            "settings": vars(args) | {"out": str(args.out)}, "machine": machine, "runs": runs,
            "figures": [f.to_dict() for f in figs], "table_markdown": table}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(table)
-    print()
-    print(table)
+    write_results(args.out, doc, table)
     return 0
 
 

@@ -26,18 +26,18 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tests.harness import cluster as sim
+from tests.lib.looping_client import LoopingClient
 from tests.lib.playbook import run_playbook
 from tests.lib.role_module import module_utils
 
 from .context import PRODUCT_DEFAULTS
-from .report import Figure, machine_facts, markdown_table, read_loadavg
+from .report import Figure, machine_facts, markdown_table, read_loadavg, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -96,6 +96,18 @@ class Site:
                                f"{result.failure_messages()[-3000:] or result.stdout[-3000:]}")
         return seconds, result
 
+    def ask(self) -> bool:
+        body = json.dumps({"model": MODEL, "max_tokens": 4,
+                           "messages": [{"role": "user", "content": f"17 x 23 = ? ({time.monotonic_ns()})"}]}).encode()
+        req = urllib.request.Request(  # noqa: S310 - the simulated gateway
+            f"{self.gateway_url}/v1/chat/completions", data=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - the simulated gateway
+                return resp.status == 200 and bool(json.loads(resp.read())["choices"])
+        except (OSError, urllib.error.URLError, ValueError, KeyError):
+            return False
+
     def level(self, url: str, requests: int, concurrency: int, tokens: int, seed: int) -> dict:
         """`requests` streamed requests, `concurrency` at a time, through the benchmark role's client."""
         ep = CLIENT.Endpoint(url, api_key=self.key, model=MODEL)
@@ -109,53 +121,16 @@ class Site:
         return CLIENT.summarize(records, wall)
 
 
-class Client(threading.Thread):
-    """Loops short requests through the gateway until stopped, counting what failed (a client's pace)."""
-
-    def __init__(self, site: Site):
-        super().__init__(daemon=True)
-        self.site, self.ok, self.failed = site, 0, 0
-        self.stopping = threading.Event()
-
-    def ask(self) -> bool:
-        body = json.dumps({"model": MODEL, "max_tokens": 4,
-                           "messages": [{"role": "user", "content": f"17 x 23 = ? ({time.monotonic_ns()})"}]}).encode()
-        req = urllib.request.Request(  # noqa: S310 - the simulated gateway
-            f"{self.site.gateway_url}/v1/chat/completions", data=body,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.site.key}"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - the simulated gateway
-                return resp.status == 200 and bool(json.loads(resp.read())["choices"])
-        except (OSError, urllib.error.URLError, ValueError, KeyError):
-            return False
-
-    def run(self):
-        while not self.stopping.is_set():
-            if self.ask():
-                self.ok += 1
-            else:
-                self.failed += 1
-            self.stopping.wait(0.05)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stopping.set()
-        self.join(timeout=120)
-
-
 def upgrade_round(site: Site, image: str, n: int) -> dict:
     """One rolling upgrade of both groups, then two single-group upgrades, each to an image no rank ran before,
     each under a client looping requests through the gateway."""
     out = {}
-    with Client(site) as client:
+    with LoopingClient(site.ask) as client:
         out["rolling_s"], _ = site.play("playbooks/upgrade.yml", server_image=f"{image}-rolling{n}")
     out["rolling_failed"], out["rolling_ok"] = client.failed, client.ok
     out["single_s"], out["single_failed"], out["single_ok"] = 0.0, 0, 0
     for group in GROUPS:
-        with Client(site) as client:
+        with LoopingClient(site.ask) as client:
             seconds, _ = site.play("playbooks/upgrade.yml", limit=group, server_image=f"{image}-single{n}")
         out["single_s"] += seconds
         out["single_failed"] += client.failed
@@ -252,11 +227,7 @@ def main(argv=None) -> int:
            "smoke": args.smoke, "settings": vars(args) | {"out": str(args.out)}, "machine": machine,
            "seconds": round(time.monotonic() - started, 1), "throughput": throughput, "ttft": ttft,
            "upgrades": upgrades, "figures": [f.to_dict() for f in figs], "log": log, "table_markdown": table}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(table)
-    print()
-    print(table)
+    write_results(args.out, doc, table)
     return 0
 
 

@@ -5,10 +5,12 @@ Nothing here touches a node, so tests/unit/test_bench_report.py can check it wit
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 def median(values: list[float]) -> float | None:
@@ -185,3 +187,12 @@ def mib_per_s(nbytes: int, seconds: float | None) -> float | None:
     if not seconds or seconds <= 0:
         return None
     return nbytes / seconds / (1 << 20)
+
+
+def write_results(out: Path, doc: dict, table: str) -> None:
+    """The run's JSON at `out`, its table beside it (.md), and the table on the terminal."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print()
+    print(table)

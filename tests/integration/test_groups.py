@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from itertools import combinations
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.looping_client import LoopingClient
 from tests.lib.playbook import run_playbook
 from tests.lib.supervised import STATE_DIR, SUPERVISOR, read_node_file, signal_rank, wait_for
 
@@ -184,34 +184,6 @@ class Site:
             return sum(float(v) for v in COUNTER.findall(resp.read().decode()))
 
 
-class Client(threading.Thread):
-    """Loops requests through the gateway until stopped, counting what failed; `watch` is called between them."""
-
-    def __init__(self, site, watch=None):
-        super().__init__(daemon=True)
-        self.site, self.watch, self.ok, self.failed = site, watch, 0, 0
-        self.stopping = threading.Event()
-
-    def run(self):
-        while not self.stopping.is_set():
-            if self.site.ask():
-                self.ok += 1
-            else:
-                self.failed += 1
-            if self.watch:
-                self.watch()
-            # A client's pace, not a load test: the run under test shares the machine's two cores.
-            self.stopping.wait(0.05)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stopping.set()
-        self.join(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def site(sim_four, tp4, tmp_path_factory):
     """The four nodes, after the TP=4 tests, regrouped as two groups of two and converged by one site.yml run
@@ -255,7 +227,7 @@ def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):
 def test_requests_through_the_gateway_reach_both_groups(site):
     before = {group: site.counted(group) for group in GROUPS}
     # Distinct prompts, two at a time: the cache-aware policy spreads what shares no prefix over both heads.
-    with Client(site), Client(site) as client:
+    with LoopingClient(site.ask), LoopingClient(site.ask) as client:
         wait_for(lambda: all(site.counted(g) > before[g] for g in GROUPS), "both heads to count a request", 120,
                  every=0.5)
     assert client.failed == 0, client.failed
@@ -273,7 +245,7 @@ def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(si
             return {}
 
     restarts = len(supervisor().get("restarts", []))
-    with Client(site) as one, Client(site) as two:
+    with LoopingClient(site.ask) as one, LoopingClient(site.ask) as two:
         wait_for(lambda: one.ok and two.ok, "the clients' first answers", 60, every=0.2)
         signal_rank(worker, "KILL")
         # Healed: the supervisor restarted the group and calls it healthy; then the gateway uses it again.
@@ -292,7 +264,7 @@ def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(si
 def test_a_group_that_fails_its_upgrade_rolls_back_into_the_gateway_and_the_next_group_is_not_touched(site):
     before = site.started("replica_b")
     images = {name: sh(site.nodes[name], RUNS) for name in GROUPS["replica_a"]}
-    with Client(site) as client:
+    with LoopingClient(site.ask) as client:
         result = site.play("playbooks/upgrade.yml", server_image=WRONG)
     assert result.rc != 0, result.stdout[-3000:]
     assert "The change failed and was rolled back" in result.failure_messages(), result.failure_messages()
@@ -316,7 +288,7 @@ def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_req
         except (OSError, urllib.error.URLError, ValueError, KeyError):
             seen.append(set())
 
-    with Client(site, watch=record) as client:
+    with LoopingClient(site.ask, watch=record) as client:
         result = site.play("playbooks/upgrade.yml", server_image=new)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     print(f"rolling upgrade: {client.ok} requests through the gateway, {client.failed} failed")
