@@ -732,12 +732,17 @@ def _stamp(t):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) if t else "-"
 
 
+# Seconds a peer's last journal line may come after this rank's failure and still be the death that took this rank
+# down: docker relays a container's output to the unit's journal, which stamps a line when it gets it.
+PEER_LINES_LAG = 5.0
+
+
 def _peer_story(node, peers, at=0.0):
     """For a rank whose rendezvous or collective failed (at `at`, its error line): the peers not there, and why.
 
     A peer was there when one of its starts had begun by then and was still running, or ended
-    within 2 s before (a TP group dies together: that peer died first when its last line came at most a second
-    after this rank's failure; the two nodes' clocks and journals are a second apart at most).
+    within 2 s before (a TP group dies together: that peer died first when its last line came at most
+    PEER_LINES_LAG seconds after this rank's failure; the two nodes' clocks are a second apart at most).
     Returns (absent: [text], died: [text], unknown: [host]).
     """
     current = node.get("current") or {}
@@ -754,9 +759,11 @@ def _peer_story(node, peers, at=0.0):
         there = [r for r in runs if r["start"] <= fail_at + 1 and (r.get("running") or r["end"] >= fail_at - 2)]
         if there:
             last = there[-1]
-            # Judged on its last line, not its unit's end: see _invocation.
-            if not last.get("running") and last.get("failed") and last.get("last_output", last["end"]) <= fail_at + 1:
-                died.append(f"{name} ended at {_stamp(last['end'])}, just before this rank" + (f": {why}" if why else ""))
+            # Judged on its last line, not its unit's end (see _invocation), and with the seconds journald may take
+            # to get a rank's lines through docker's relay on a busy node: a line's time is when the journal got it.
+            if not last.get("running") and last.get("failed") and \
+                    last.get("last_output", last["end"]) <= fail_at + PEER_LINES_LAG:
+                died.append(f"{name} ended at {_stamp(last['end'])}, as this rank failed" + (f": {why}" if why else ""))
             continue
         overlapping = [r for r in runs if r["start"] <= fail_at + 1 and r["end"] >= start_at - 1]
         if overlapping and overlapping[-1].get("failed"):

@@ -367,15 +367,15 @@ def test_a_rank_taken_down_by_its_peer_names_the_peers_cause():
 
 def test_a_peer_whose_container_outlived_its_death_still_took_this_rank_down():
     """The peer's last line came with this rank's failure; its unit ended 3 s later (its container's teardown on a
-    busy node): the peer died first all the same. A peer still talking 3 s after this rank failed did not."""
+    busy node): the peer died first all the same. A peer still talking 8 s after this rank failed did not."""
     n = node(["RuntimeError: NCCL error: remote process exited or there was a network error"], status=1)
     end = n["current"]["end"]
-    n["peers"] = [peer([{"start": end - 60, "end": end + 3, "last_output": end - 0.5, "failed": True,
+    n["peers"] = [peer([{"start": end - 60, "end": end + 6, "last_output": end + 3, "failed": True,
                          "running": False}], why="KV cache too small for one request")]
     found = doctor.findings(n, CATALOGUE, ctx())
     assert ids(found) == ["peer_exited"]
     assert "spark-1 (rank 1) ended at" in found[0]["cause"], found[0]["cause"]
-    n["peers"] = [peer([{"start": end - 60, "end": end + 3, "last_output": end + 3, "failed": True,
+    n["peers"] = [peer([{"start": end - 60, "end": end + 8, "last_output": end + 8, "failed": True,
                          "running": False}], why="KV cache too small for one request")]
     assert "every peer's rank was running then" in doctor.findings(n, CATALOGUE, ctx())[0]["cause"]
 
