@@ -1064,7 +1064,7 @@ def evidence(results, fabric_interface="", flag_model=None):
         "now": now,
         "raw": raw,
     }
-    runs = [{"id": r["id"], "start": r["start"], "end": r["end"], "last_output": r.get("last_output", r["end"]),
+    runs = [{"id": r["id"], "start": r["start"], "end": r["end"], "last_output": r["last_output"],
              "failed": _failed(r["outcome"]), "running": r is current and active}
             for r in ([current] if current else []) + earlier]
     return {"node": node, "facts": facts, "deployed": deployed, "args": deployed["args_file"] or [],
