@@ -750,12 +750,15 @@ def _peer_story(node, peers, at=0.0):
     start_at = current.get("start") or fail_at
     absent, died, unknown = [], [], []
     for peer in peers or []:
-        runs = peer.get("runs")
         name = f"{peer.get('host', '?')} (rank {peer.get('rank', '?')})"
         why = peer.get("why") or ""
-        if runs is None:
+        if peer.get("runs") is None:
             unknown.append(peer.get("host", "?"))
             continue
+        # Oldest first, so that [-1] is the latest start: the peer's runs come as its doctor lists them (the current
+        # one first). A start stopped just before this one began (the previous deployment, a test's previous case)
+        # can end within the window too; the run that was there is the one that started last.
+        runs = sorted(peer["runs"], key=lambda r: r["start"])
         there = [r for r in runs if r["start"] <= fail_at + 1 and (r.get("running") or r["end"] >= fail_at - 2)]
         if there:
             last = there[-1]

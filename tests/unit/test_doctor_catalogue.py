@@ -380,6 +380,19 @@ def test_a_peer_whose_container_outlived_its_death_still_took_this_rank_down():
     assert "every peer's rank was running then" in doctor.findings(n, CATALOGUE, ctx())[0]["cause"]
 
 
+def test_the_peer_run_that_took_this_rank_down_is_its_latest_start_not_one_stopped_just_before():
+    """The peer's run before (stopped by hand, exit 143) ended 1 s before this rank failed; its next start died with
+    this rank's failure. The doctor lists a node's runs current first: the one that was there is the latest start."""
+    n = node(["RuntimeError: NCCL error: remote process exited or there was a network error"], status=1)
+    end = n["current"]["end"]
+    died = {"start": end - 2, "end": end, "last_output": end, "failed": True, "running": False}
+    stopped = {"start": end - 30, "end": end - 1, "last_output": end - 1, "failed": False, "running": False}
+    n["peers"] = [peer([died, stopped], why="KV cache too small for one request")]
+    found = doctor.findings(n, CATALOGUE, ctx())
+    assert ids(found) == ["peer_exited"]
+    assert "spark-1 (rank 1) ended at" in found[0]["cause"], found[0]["cause"]
+
+
 def test_hang_after_init_needs_silence_and_an_active_unit():
     hung = planted("init_hang", age=1200)
     assert ids(doctor.findings(hung, CATALOGUE, ctx())) == ["init_hang"]
