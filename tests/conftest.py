@@ -256,7 +256,7 @@ def pytest_terminal_summary(terminalreporter, config):
         runs_of.setdefault(entry["test"].split("::", 1)[0], []).append(entry)
     ranked = sorted(_module_seconds.items(), key=lambda kv: -kv[1])
     terminalreporter.write_sep("=", "per module: wall seconds (setup + call + teardown), CPU seconds (controller + nodes), "
-                                    "playbook runs (their controller CPU-s), the harness's own SSH connections")
+                                    "playbook runs (their controller CPU-s), the harness's own SSH commands")
     for module, seconds in ranked[:30]:
         c = cpu.get(module, {})
         mine = runs_of.get(module, [])

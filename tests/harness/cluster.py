@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -338,6 +339,7 @@ def wait_ssh(instance: str, node_name: str, timeout: float = 90) -> Node:
 
 
 def _power_off(c: Cluster, n: Node) -> None:
+    _close_mux(n)
     if n.pid and not _alive(n.pid):
         log(f"{n.name} had shut itself down (its power supply, pid {n.pid}, is gone)")
     # Everything of the node at once: the supply, nspawn and every process inside.
@@ -421,6 +423,7 @@ def _wait_ssh(n: Node, timeout: float = 90) -> None:
 
 def _halt(c: Cluster, n: Node) -> None:
     """Power a node off and remove its root filesystem (its namespace stays)."""
+    _close_mux(n)
     if n.pid and _alive(n.pid):
         os.kill(n.pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
@@ -761,21 +764,65 @@ def _wait_ready(n: Node, timeout: float = 90) -> None:
 def ssh_base(n: Node, known_hosts: str = "/dev/null") -> list[str]:
     """The harness's own SSH to a node (the tests' look at it, not the product's connection: Ansible's is the
     inventory's). Its key exchange is plain curve25519: the client's default here (OpenSSH 9.2's hybrid
-    sntrup761x25519) cost about 120 ms of CPU per connection (22 ms with this), paid by every look a test takes."""
+    sntrup761x25519) cost about 120 ms of CPU per connection (22 ms with this), paid by every look a test takes.
+    It goes through the node's shared connection where ssh() has opened one (_mux_path), else on its own."""
     key, _ = key_paths()
     return [
         "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
         "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={known_hosts}",
-        "-o", "ConnectTimeout=5", "-o", "KexAlgorithms=curve25519-sha256", f"root@{n.mgmt_ip}",
+        "-o", "ConnectTimeout=5", "-o", "KexAlgorithms=curve25519-sha256",
+        "-o", "ControlMaster=no", "-o", f"ControlPath={_mux_path(n)}", f"root@{n.mgmt_ip}",
     ]
 
 
-# The connections ssh() opened in this process: tests/conftest.py's summary shows them per module.
+# A look a test takes at a node costs a connection of its own about 30 ms of the node's CPU (sshd's key exchange
+# and session set-up) and as much on the controller; through one shared connection per node and boot, a few.
+SSH_MUX_ROOT = STATE_ROOT / "ssh-mux"
+_MUX_LOCK = threading.Lock()
+
+
+def _mux_path(n: Node) -> Path:
+    # The power supply's pid names the boot: a node powered off, reinstalled or booted again never gets a
+    # connection opened to its previous boot, which would hang on a peer that is gone.
+    return SSH_MUX_ROOT / f"{n.netns}-{n.pid}"
+
+
+def _open_mux(n: Node) -> None:
+    """The node's shared connection, opened once per boot (it closes itself 30 s after its last use)."""
+    path = _mux_path(n)
+    with _MUX_LOCK:
+        if path.exists() or not n.pid:
+            return
+        SSH_MUX_ROOT.mkdir(parents=True, exist_ok=True)
+        base = ssh_base(n)
+        at = base.index("ControlMaster=no")
+        base[at] = "ControlMaster=yes"
+        # -f: in the background once authenticated, its stdio /dev/null, so no caller waits on a pipe it holds.
+        # ServerAlive: a connection whose node went away without a word (no FIN) ends within seconds.
+        options = ["-N", "-f", "-o", "ControlPersist=30", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        try:
+            subprocess.run(base[:-1] + options + base[-1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30, check=False)
+        except subprocess.TimeoutExpired:
+            pass  # the command below connects on its own and says what is wrong
+
+
+def _close_mux(n: Node) -> None:
+    """Close every shared connection to the node, whichever boot a test's Node names (an older copy keeps the pid
+    of the boot it was taken at), before the node goes off."""
+    for path in SSH_MUX_ROOT.glob(f"{n.netns}-*"):
+        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", f"root@{n.mgmt_ip}"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+        path.unlink(missing_ok=True)
+
+
+# The commands ssh() ran in this process: tests/conftest.py's summary shows them per module.
 SSH_CONNECTIONS = {"count": 0}
 
 
 def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60) -> str:
     SSH_CONNECTIONS["count"] += 1
+    _open_mux(n)
     proc = subprocess.run(ssh_base(n) + [command], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise RuntimeError(f"ssh {n.name} {command!r} failed ({proc.returncode}): {proc.stderr.strip()}")
