@@ -224,6 +224,7 @@ def _module_cpu(request):
 
 
 _NODES_CPU = pytest.StashKey[dict]()
+_module_span: dict[str, tuple[float, float, str]] = {}
 
 
 def pytest_runtest_logreport(report):
@@ -231,6 +232,10 @@ def pytest_runtest_logreport(report):
     # budget is spent on (setup, call and teardown, the module's pair included).
     module = report.nodeid.split("::", 1)[0]
     _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+    # When and on which worker: a core idle at the end of the run is a module that started too late.
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+    start, stop, _ = _module_span.get(module, (report.start, report.stop, worker))
+    _module_span[module] = (min(start, report.start), max(stop, report.stop), worker)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -268,6 +273,13 @@ def pytest_terminal_summary(terminalreporter, config):
                                 f"{sum(c['nodes'] for c in cpu.values()):7.1f} CPU-s  "
                                 f"{len(runs):4d} runs ({sum(r['cpu'] for r in runs):6.1f}) "
                                 f"{sum(c.get('ssh', 0) for c in cpu.values()):5d} ssh  in all modules")
+    if _module_span:
+        first = min(start for start, _, _ in _module_span.values())
+        terminalreporter.write_sep("-", "per worker: each module's start and end, seconds after the first module started")
+        for worker in sorted({w for _, _, w in _module_span.values()}):
+            spans = sorted((start, stop, m) for m, (start, stop, w) in _module_span.items() if w == worker)
+            terminalreporter.write_line(f"{worker}: " + ", ".join(
+                f"{Path(m).stem.removeprefix('test_')} {start - first:.0f}-{stop - first:.0f}" for start, stop, m in spans))
     if runs:
         terminalreporter.write_sep("-", "costliest playbook runs: controller + nodes CPU-s, wall s, task results on the nodes")
         for entry in sorted(runs, key=lambda r: -r["cpu"] - r.get("nodes", 0))[:20]:
