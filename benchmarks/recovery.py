@@ -66,9 +66,9 @@ def recovery(ctx, runs: int) -> list:
     figures = []
     for name, detect, inject in faults:
         measured, baseline, extra_restarts = [], [], []
-        # Each fault starts on a fresh restart budget, as an operator's pause and resume gives it: the bench's
+        # Each fault starts on a fresh restart count, as an operator's pause and resume gives it: the bench's
         # 21 incidents within minutes are, to the supervisor, a slow loop (window_max_restarts within window),
-        # and it would rightly give up on the 21st.
+        # which it alerts on (and keeps healing); the alert's command would run in the middle of a measurement.
         supervisor = f"python3 -I {SUPERVISOR_PROGRAM} {{}} --config {SUPERVISOR_CONFIG}"
         ctx.sh(ctx.head, supervisor.format("pause") + " --reason 'the benchmark resets the restart budget'"
                + " && " + supervisor.format("resume"))

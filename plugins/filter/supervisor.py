@@ -18,8 +18,8 @@ NUMBERS = (
     ("supervisor_backoff_initial", 1, "seconds of back-off before the second attempt of a failing streak",
      "60"),
     ("supervisor_backoff_max", 1, "the largest back-off, in seconds", "900"),
-    ("supervisor_window_max_restarts", 0, "group restarts of any cause per window before it gives up", "20"),
-    ("supervisor_window", 1, "the ceiling's window, in seconds", "21600"),
+    ("supervisor_window_max_restarts", 0, "group restarts of any cause per window at which it alerts", "20"),
+    ("supervisor_window", 1, "the alert's window, in seconds", "21600"),
     ("supervisor_gpu_release_timeout", 1, "seconds a stopped rank's GPU may take to be free", "180"),
     ("supervisor_node_wait_report", 1, "seconds between two reports while a node does not answer", "600"),
     ("supervisor_readiness_timeout", 1, "seconds a group restart may take to serve", "3600"),
@@ -61,13 +61,6 @@ def supervisor_plan(ctx):
         errors.append(f"supervisor_backoff_max = {cap}: below supervisor_backoff_initial ({initial}); the "
                       "back-off starts at the one and doubles up to the other. Fix: set supervisor_backoff_max "
                       f">= {initial}, or lower supervisor_backoff_initial.")
-    streak = values.get("supervisor_max_restarts")
-    ceiling = values.get("supervisor_window_max_restarts")
-    if streak is not None and ceiling is not None and ceiling < streak:
-        errors.append(f"supervisor_window_max_restarts = {ceiling}: below supervisor_max_restarts "
-                      f"({streak}); the ceiling against a slow loop would cut a crash loop's streak short, so "
-                      f"supervisor_max_restarts would mean nothing. Fix: set supervisor_window_max_restarts "
-                      f">= {streak} (default 20 per 6 h), or lower supervisor_max_restarts.")
     command = ctx.get("supervisor_alert_command")
     if command is not None and not isinstance(command, str):
         errors.append(f"supervisor_alert_command = {inputs.shown(command)}: must be a shell command string (it gets "

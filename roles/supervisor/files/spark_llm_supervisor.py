@@ -34,9 +34,12 @@ group last served that long (the current one included until it does); the first 
 streak is made at once, each further one waits a back-off from the moment the failure is seen
 (`backoff_initial`, doubling, at most `backoff_max`), with every rank stopped meanwhile. It gives
 up when a restart would be needed with `max_restarts` restarts in a row behind it that did not
-reach stable service (a crash loop: the group dies soon after each start, or never serves), and,
-against a slow loop whose every restart serves for a while, when `window_max_restarts` group
-restarts (of any cause, a boot's start included) already lie within `window` seconds. Giving up:
+reach stable service (a crash loop: the group dies soon after each start, or never serves), and
+only then: a restart that reached stable service healed its incident, and no number of healed
+incidents is a reason to leave the group down. When `window_max_restarts` group restarts (of any
+cause, a boot's start included) lie within `window` seconds (a slow loop, or a bad day), it keeps
+restarting and says so loudly: one log line "spark-llm-supervisor: FLAPPING ...", a "flapping"
+event, `alert_command` run with a JSON summary ("event": "flapping") on stdin; once per window. Giving up:
 every rank stopped, gave-up.json written, one log line "spark-llm-supervisor: GAVE UP ...",
 `alert_command` run with the JSON summary on stdin; then nothing until `resume`. The streak, the
 back-off and the next attempt's time live in state.json on disk, so neither a restart of the
@@ -244,10 +247,6 @@ def load_config(path: str) -> Config:
     if merged["backoff_max"] < merged["backoff_initial"]:
         raise ConfigError(f"{path}: backoff_max ({merged['backoff_max']!r}) is below backoff_initial "
                           f"({merged['backoff_initial']!r}): the back-off starts at the one and is capped at the other")
-    if merged["window_max_restarts"] < merged["max_restarts"]:
-        raise ConfigError(f"{path}: window_max_restarts ({merged['window_max_restarts']!r}) is below max_restarts "
-                          f"({merged['max_restarts']!r}): the ceiling against a slow loop would end a crash loop's "
-                          "streak before it is complete")
     _number(ssh, "connect_timeout", 1)
     for key in ("unit", "endpoint", "model"):
         if not isinstance(merged[key], str) or not merged[key]:
@@ -695,8 +694,8 @@ class Supervisor:
         self.log(f"{PREFIX} start: watching {cfg.unit} on {nodes} every {cfg.interval:g}s "
                  f"(restart after {cfg.failures} failed generations; give up after {cfg.max_restarts} group "
                  f"restarts in a row that do not serve {cfg.stable_after:g}s, backing off {cfg.backoff_initial:g}s "
-                 f"doubling to {cfg.backoff_max:g}s between them, or at {cfg.window_max_restarts} group restarts "
-                 f"within {cfg.window:g}s)")
+                 f"doubling to {cfg.backoff_max:g}s between them; never for restarts that healed: an alert at "
+                 f"{cfg.window_max_restarts} group restarts within {cfg.window:g}s)")
         if self.cfg.unknown_keys:
             self.log(f"{PREFIX} config: ignoring unknown settings {list(self.cfg.unknown_keys)}")
         kind = filesystem_type(self.cfg.state_dir)
@@ -925,24 +924,20 @@ class Supervisor:
         """The group needs a restart: make it now, hold it off (back-off), or give up.
 
         Gives up when max_restarts restarts in a row have not reached stable service (a crash
-        loop) or window_max_restarts restarts of any cause lie within the window (a slow loop).
-        Otherwise the first restart of a streak is made at once; a further one waits its back-off,
-        counted from the moment this failure is seen, with every rank stopped meanwhile."""
+        loop), never for restarts that did (restart() alerts when they come often). Otherwise the
+        first restart of a streak is made at once; a further one waits its back-off, counted from
+        the moment this failure is seen, with every rank stopped meanwhile."""
         now = self.clock.time()
         cfg = self.cfg
         with self.store.update() as st:
             st["restarts"] = [t for t in st["restarts"] if (from_iso(t) or 0) > now - cfg.window]
             st["healthy_since"] = ""
-            streak, in_window = st["streak"], len(st["restarts"])
+            streak = st["streak"]
             verdict, why = "restart", ""
             if streak >= cfg.max_restarts:
                 verdict = "give-up"
                 why = (f"{reason}; {streak} group restart(s) in a row did not reach stable service ({cfg.stable_after:g}s "
                        f"of healthy generations) (limit {cfg.max_restarts}): a crash loop")
-            elif in_window >= cfg.window_max_restarts:
-                verdict = "give-up"
-                why = (f"{reason}; {in_window} group restarts within {cfg.window:g}s already (ceiling "
-                       f"{cfg.window_max_restarts}): a slow loop, each restart serving for a while")
             elif streak > 0:
                 due = from_iso(st["next_attempt"])
                 if due is None:
@@ -1015,6 +1010,9 @@ class Supervisor:
             self.note(st, "restarting", f"attempt {attempt}/{cfg.max_restarts} in a row ({len(st['restarts'])}/"
                       f"{cfg.window_max_restarts} within {cfg.window:g}s): {reason}",
                       event="restart", attempt=attempt)
+            flapping = self.flapping_due(st, now)
+        if flapping:
+            self.flapping(flapping, reason)
         try:
             try:
                 took = self.ordered_restart()
@@ -1134,6 +1132,45 @@ class Supervisor:
             return [f"(journal not read: {'unreachable: ' if res.unreachable else ''}{res.brief()})"]
         return [self.redact(line) for line in res.out.splitlines()[-JOURNAL_LINES:]]
 
+    def flapping_due(self, st: dict, now: float) -> list[str]:
+        """The restarts within the window when they reached window_max_restarts and the last flapping alert is
+        older than the window (one alert per window, however often the group restarts in it); else []."""
+        cfg = self.cfg
+        last = from_iso(st.get("flapping_alerted") or "")
+        if len(st["restarts"]) < cfg.window_max_restarts or (last is not None and now - last < cfg.window):
+            return []
+        st["flapping_alerted"] = iso(now)
+        return list(st["restarts"])
+
+    def flapping(self, restarts: list[str], reason: str) -> None:
+        """Loud, and nothing stops: each of these restarts but the streak's current ones served stable_after
+        seconds again. Someone should find out why the group keeps dying; leaving it down would not."""
+        cfg = self.cfg
+        with self.store.update() as st:
+            streak = st["streak"]
+        why = (f"{len(restarts)} group restarts within {cfg.window:g}s (alert at {cfg.window_max_restarts}), "
+               f"{len(restarts) - streak} of them healed (served {cfg.stable_after:g}s again): still restarting; "
+               f"this one: {reason}")
+        summary = {
+            "event": "flapping",
+            "reason": self.redact(why),
+            "time": iso(self.clock.time()),
+            "host": socket.gethostname(),
+            "unit": cfg.unit,
+            "nodes": [n.name for n in cfg.nodes],
+            "restarts": restarts,
+            "streak": streak,
+            "window_max_restarts": cfg.window_max_restarts,
+            "window": cfg.window,
+            "history": f"{os.path.abspath(sys.argv[0])} status --config {cfg.path} (or playbooks/doctor.yml)",
+        }
+        self.log(f"{PREFIX} FLAPPING: {one_line(self.redact(why))}; the causes are in the history (status, "
+                 f"playbooks/doctor.yml)")
+        alert = self.alert(summary)
+        with self.store.update() as st:
+            add_event(st, self.clock.time(), "flapping", self.redact(one_line(why)), alert=alert,
+                      restarts=len(restarts))
+
     def give_up(self, reason: str) -> None:
         self.guard()
         self.api_key()  # the journal is redacted with the key as it is now
@@ -1193,6 +1230,10 @@ def cmd_status(state_dir: str, clock, cfg: Config | None = None) -> int:
     due = from_iso(st.get("next_attempt") or "")
     st["next_attempt_in"] = None if due is None or gave_up is not None else max(0, math.ceil(due - clock.time()))
     st["limits"] = None if cfg is None else {key: getattr(cfg, key) for key in LIMITS}
+    # Restarting often, healed each time: the alert's ceiling reached within the window as it is now (the daemon
+    # prunes the list at its next incident only).
+    st["flapping"] = None if cfg is None else len(
+        [t for t in st.get("restarts") or [] if (from_iso(t) or 0) > clock.time() - cfg.window]) >= cfg.window_max_restarts
     print(json.dumps(st, indent=2))
     return 0
 
