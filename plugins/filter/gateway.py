@@ -11,6 +11,13 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import input
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "least_load", "consistent_hashing",
             "prefix_hash", "passthrough", "manual")
 
+# The flags the role sets itself (from its own settings, the key from its file): gateway_extra_args may not repeat
+# or override them.
+OWN_FLAGS = ("--worker-urls", "--host", "--port", "--policy", "--health-check-endpoint", "--health-check-interval-secs",
+             "--health-check-timeout-secs", "--health-failure-threshold", "--health-success-threshold",
+             "--prometheus-host", "--prometheus-port", "--disable-tokenizer-autoload", "--ca-cert-paths",
+             "--tls-cert-path", "--tls-key-path", "--api-key")
+
 # Whole-number settings: (variable, smallest value, what it is, an example).
 NUMBERS = (
     ("gateway_health_check_interval", 1, "seconds between two health checks of each head", "10"),
@@ -27,6 +34,25 @@ def _url_host(address):
         return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
     except ValueError:
         return address
+
+
+def _extra_args(raw, errors):
+    """gateway_extra_args: more of smg launch's flags, as a list of strings; none of the role's own."""
+    if raw is None or raw == "":
+        return []
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                                     for a in raw):
+        errors.append(f"gateway_extra_args = {inputs.shown(raw)}: must be a list of smg launch's arguments as "
+                      "strings. Fix: e.g. gateway_extra_args: ['--load-monitor-interval', '1'].")
+        return []
+    args = [str(a) for a in raw]
+    owned = sorted({a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in OWN_FLAGS})
+    if owned:
+        errors.append(f"gateway_extra_args = {inputs.shown(args)}: {', '.join(owned)} is set by the role from its own "
+                      "settings (the key from its 0600 file, never on a command line). Fix: drop it from "
+                      "gateway_extra_args and set the gateway_* variable that names it (gateway_port, gateway_policy, "
+                      "gateway_health_*, gateway_tls_*; server_api_key for the key).")
+    return args
 
 
 def gateway_management(addresses):
@@ -47,7 +73,7 @@ def gateway_plan(ctx):
 
     ``ctx``: enabled (spark_gateway_enabled), host (the gateway host), heads (every group's head),
     management ({host: ansible_host}), monitor (the monitoring host), the gateway_* settings without
-    their prefix (version, pins, port, listen_address, policy, metrics_port, metrics_address, heads_port,
+    their prefix (version, pins, port, listen_address, policy, extra_args, metrics_port, metrics_address, heads_port,
     heads_tls, the health numbers), paths on the gateway host (tls_cert, tls_key, heads_ca: '' for none)
     and keyed (whether the heads serve with a key).
 
@@ -121,6 +147,7 @@ def gateway_plan(ctx):
         except ValueError:
             errors.append(f"{var} = {inputs.shown(value)}: smg binds an IP address, not a name. Fix: an address of "
                           f"{host or 'the gateway host'} (0.0.0.0 for every one).")
+    extra = _extra_args(ctx.get("extra_args"), errors)
     if errors:
         return plan
     scheme = "https" if heads_tls else "http"
@@ -138,7 +165,7 @@ def gateway_plan(ctx):
         args += ["--ca-cert-paths", str(ctx["heads_ca"])]
     if ctx.get("tls_cert"):
         args += ["--tls-cert-path", str(ctx["tls_cert"]), "--tls-key-path", str(ctx["tls_key"])]
-    plan.update(args=args, worker_urls=urls, metrics_address=metrics_address)
+    plan.update(args=args + extra, worker_urls=urls, metrics_address=metrics_address)
     return plan
 
 

@@ -44,6 +44,12 @@ def test_the_defaults_give_smg_its_arguments_without_the_key():
     assert "--api-key" not in plan["args"]
 
 
+def test_extra_arguments_follow_the_roles_own():
+    plan = gw.gateway_plan(ctx(extra_args=["--load-monitor-interval", 1]))
+    assert plan["errors"] == [] and plan["args"][-2:] == ["--load-monitor-interval", "1"]
+    assert plan["args"][:-2] == gw.gateway_plan(ctx())["args"]
+
+
 def test_every_head_over_tls_with_the_heads_ca_and_the_gateway_serving_tls_itself():
     plan = gw.gateway_plan(ctx(host=WORKER, heads=[HEAD, WORKER], heads_tls=True, heads_ca="cred:heads-ca.crt",
                                tls_cert="cred:tls.crt", tls_key="cred:tls.key",
@@ -78,6 +84,10 @@ def test_off_it_checks_nothing_but_its_switch():
     ({"management": {HEAD: ""}}, "ansible_host of spark-0: the gateway reaches each head by its management address."),
     ({"listen_address": "gateway.example"}, "gateway_listen_address = 'gateway.example': smg binds an IP address"),
     ({"tls_unsigned": True}, "gateway_tls_cert = '': TLS is on (server_tls) with the heads' own certificate"),
+    ({"extra_args": ["--api-key", "x"]}, "gateway_extra_args = ['--api-key', 'x']: --api-key is set by the role from "
+                                         "its own settings (the key from its 0600 file, never on a command line)."),
+    ({"extra_args": ["--policy=round_robin"]}, "gateway_extra_args = ['--policy=round_robin']: --policy is set by"),
+    ({"extra_args": "--load-monitor-interval 1"}, "gateway_extra_args = '--load-monitor-interval 1': must be a list"),
 ])
 def test_a_bad_setting_is_refused_with_its_fix(changes, expected):
     found = errors(**changes)
