@@ -16,7 +16,7 @@ POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "least_load"
 OWN_FLAGS = ("--worker-urls", "--host", "--port", "--policy", "--health-check-endpoint", "--health-check-interval-secs",
              "--health-check-timeout-secs", "--health-failure-threshold", "--health-success-threshold",
              "--prometheus-host", "--prometheus-port", "--disable-tokenizer-autoload", "--ca-cert-paths",
-             "--tls-cert-path", "--tls-key-path", "--api-key")
+             "--tls-cert-path", "--tls-key-path", "--api-key", "--load-monitor-interval")
 
 # Whole-number settings: (variable, smallest value, what it is, an example).
 NUMBERS = (
@@ -25,6 +25,7 @@ NUMBERS = (
     ("gateway_health_failure_threshold", 1, "failed checks in a row before a group is taken out", "3"),
     ("gateway_health_success_threshold", 1, "answered checks in a row before a group is put back", "2"),
     ("gateway_readiness_timeout", 1, "seconds a start may take until every head is registered", "180"),
+    ("gateway_load_monitor_interval", 1, "seconds between two reads of each head's load", "1"),
 )
 
 
@@ -51,7 +52,7 @@ def _extra_args(raw, errors):
         errors.append(f"gateway_extra_args = {inputs.shown(args)}: {', '.join(owned)} is set by the role from its own "
                       "settings (the key from its 0600 file, never on a command line). Fix: drop it from "
                       "gateway_extra_args and set the gateway_* variable that names it (gateway_port, gateway_policy, "
-                      "gateway_health_*, gateway_tls_*; server_api_key for the key).")
+                      "gateway_health_*, gateway_load_monitor_interval, gateway_tls_*; server_api_key for the key).")
     return args
 
 
@@ -158,6 +159,7 @@ def gateway_plan(ctx):
             "--health-check-timeout-secs", str(numbers["gateway_health_check_timeout"]),
             "--health-failure-threshold", str(numbers["gateway_health_failure_threshold"]),
             "--health-success-threshold", str(numbers["gateway_health_success_threshold"]),
+            "--load-monitor-interval", str(numbers["gateway_load_monitor_interval"]),
             "--prometheus-host", metrics_address, "--prometheus-port", str(ports["metrics_port"]),
             # The gateway host holds no checkpoint and reaches no hub: the heads tokenize.
             "--disable-tokenizer-autoload"]

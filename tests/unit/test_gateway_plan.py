@@ -38,15 +38,15 @@ def test_the_defaults_give_smg_its_arguments_without_the_key():
         "--worker-urls", "http://10.0.0.10:30000", "--host", DEFAULTS["gateway_listen_address"], "--port", "30080",
         "--policy", "cache_aware",
         "--health-check-endpoint", "/health", "--health-check-interval-secs", "10", "--health-check-timeout-secs", "5",
-        "--health-failure-threshold", "3", "--health-success-threshold", "2",
+        "--health-failure-threshold", "3", "--health-success-threshold", "2", "--load-monitor-interval", "1",
         # The monitoring host is the gateway host: its metrics stay on loopback.
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000", "--disable-tokenizer-autoload"]
     assert "--api-key" not in plan["args"]
 
 
 def test_extra_arguments_follow_the_roles_own():
-    plan = gw.gateway_plan(ctx(extra_args=["--load-monitor-interval", 1]))
-    assert plan["errors"] == [] and plan["args"][-2:] == ["--load-monitor-interval", "1"]
+    plan = gw.gateway_plan(ctx(extra_args=["--worker-overload-waiting-requests", 1]))
+    assert plan["errors"] == [] and plan["args"][-2:] == ["--worker-overload-waiting-requests", "1"]
     assert plan["args"][:-2] == gw.gateway_plan(ctx())["args"]
 
 
@@ -88,6 +88,9 @@ def test_off_it_checks_nothing_but_its_switch():
                                          "its own settings (the key from its 0600 file, never on a command line)."),
     ({"extra_args": ["--policy=round_robin"]}, "gateway_extra_args = ['--policy=round_robin']: --policy is set by"),
     ({"extra_args": "--load-monitor-interval 1"}, "gateway_extra_args = '--load-monitor-interval 1': must be a list"),
+    ({"extra_args": ["--load-monitor-interval", "5"]}, "gateway_extra_args = ['--load-monitor-interval', '5']: "
+                                                       "--load-monitor-interval is set by the role"),
+    ({"load_monitor_interval": 0}, "gateway_load_monitor_interval = 0: must be a whole number >= 1"),
 ])
 def test_a_bad_setting_is_refused_with_its_fix(changes, expected):
     found = errors(**changes)
