@@ -117,6 +117,13 @@ def run_playbook(
         "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
         **(envvars or {}),
     }
+    # The events kept in memory as they come, not written to the run's artifacts and read back (each one a file).
+    events: list[dict] = []
+
+    def keep(event: dict) -> bool:
+        events.append(event)
+        return False
+
     try:
         r = ansible_runner.run(
             private_data_dir=str(private),
@@ -130,9 +137,10 @@ def run_playbook(
             envvars=env,
             quiet=True,
             timeout=timeout,
+            event_handler=keep,
         )
         stdout = r.stdout.read() if r.stdout else ""
-        result = Result(rc=r.rc, status=r.status, events=list(r.events), stdout=stdout)
+        result = Result(rc=r.rc, status=r.status, events=events, stdout=stdout)
         log_run(playbook, check, result, time.monotonic() - started, children_cpu_seconds() - cpu_before,
                 nodes=nodes_cpu_seconds(inventory) - nodes_before)
         return result
