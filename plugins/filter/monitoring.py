@@ -32,6 +32,7 @@ HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")
 ALERT_FOR_KEYS = (
     "endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
     "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale", "fabric_without_rdma",
+    "supervisor_gave_up", "supervisor_flapping",
 )
 # A figure of the engine's /metrics in the rules and the shipped dashboard: `engine:<figure>` (a histogram's with
 # _bucket, _count or _sum), translated into the group's engine's name by its flag model's monitoring.metrics.
@@ -531,6 +532,26 @@ def monitoring_rules(ctx):
              "Run playbooks/fabric.yml: its proof names the cause (no RDMA device or none behind the interface, a "
              "port not ACTIVE, no RoCE v2 GID, an MTU) and repairs the link where it can; then playbooks/restart.yml, "
              "so that the ranks start with the usable devices in their environment (NCCL_IB_HCA)."),
+    ]
+    rules += [
+        rule("SparkSupervisorGaveUp",
+             "spark_supervisor_gave_up == 1",
+             "supervisor_gave_up", "critical",
+             "The group supervisor on {{ $labels.node }} gave up: a crash loop, every rank stopped",
+             "The supervisor's group restarts did not reach stable service supervisor_max_restarts times in a row; it "
+             "stopped every rank and does nothing more until it is resumed. gave-up.json on the head holds the reason "
+             "and each rank's last journal lines.",
+             "Run playbooks/doctor.yml for the cause and the inventory change that fixes it, apply it, then "
+             "playbooks/restart.yml (which resumes the supervisor and clears the give-up)."),
+        rule("SparkSupervisorFlapping",
+             "spark_supervisor_flapping == 1",
+             "supervisor_flapping", "warning",
+             "The TP group of {{ $labels.node }} keeps dying and the supervisor keeps healing it",
+             "supervisor_window_max_restarts group restarts within supervisor_window: each restart served again, so "
+             "the supervisor keeps restarting (it never gives up on restarts that healed), but something takes the "
+             "group down again and again.",
+             "Run playbooks/status.yml (the restarts in the window) and playbooks/doctor.yml (each incident's cause "
+             "in the history), then fix what the causes share (memory, a node, the fabric)."),
     ]
     return {"groups": [{"name": "spark-llm-tp-group", "rules": rules}]}
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 MONITORING = "playbooks/monitoring.yml"
 ALERT_KEYS = ("endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
               "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale",
-              "fabric_without_rdma")
+              "fabric_without_rdma", "supervisor_gave_up", "supervisor_flapping")
 CONFIG_DIR = "/etc/prometheus/spark"
 NO_CONTACT = {"ANSIBLE_CONNECTION_PLUGINS": str(REPO / "tests" / "lib" / "connection_plugins")}
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "dashboard.json"

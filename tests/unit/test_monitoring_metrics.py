@@ -261,8 +261,10 @@ def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(
     with gpu_holder(tmp_path, "sglang.launch_server"):
         state = tmp_path / "supervisor"
         state.mkdir()
+        # The supervisor's flapping alert raised a minute ago holds for its window (an hour here).
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3540))
         (state / "state.json").write_text(json.dumps({"state": "probing-failed", "failures": 2,
-                                                      "restarts": ["2026-01-01T00:00:00Z"]}))
+                                                      "restarts": ["2026-01-01T00:00:00Z"], "flapping_until": until}))
         deadline = time.monotonic() + 10
         while True:
             found = collect(tmp_path, "--supervisor-state-dir", str(state))
@@ -275,6 +277,9 @@ def test_the_collector_finds_the_rank_holding_the_gpu_and_the_supervisors_state(
         assert sample(found, "spark_supervisor_probe_failures") == 2
         assert sample(found, "spark_supervisor_restarts") == 1
         assert sample(found, "spark_supervisor_gave_up") == 0
+        assert sample(found, "spark_supervisor_flapping") == 1
+        (state / "state.json").write_text(json.dumps({"state": "healthy", "flapping_until": "2026-01-01T00:00:00Z"}))
+        assert sample(collect(tmp_path, "--supervisor-state-dir", str(state)), "spark_supervisor_flapping") == 0
 
 
 def rdma_port(root, device, netdev, *, state, gids):

@@ -169,6 +169,11 @@ def rule_cases(rules, engine="sglang"):
              [series("spark_collector_last_run_timestamp_seconds", WORKER_NODE, "0x10"),
               series("spark_gpu_query_success", HEAD_NODE, "1 1 0 0 0 0 0")],
              "6m", fired=[(WORKER_NODE, "360"), (HEAD_NODE, "0")]),
+        # The supervisor gave up on a crash loop; a supervisor that keeps healing a flapping group.
+        case(rules, "SparkSupervisorGaveUp", [series("spark_supervisor_gave_up", HEAD_NODE, "0 0 1 1 1")],
+             "4m", fired=[(HEAD_NODE, "1")], quiet_at="1m"),
+        case(rules, "SparkSupervisorFlapping", [series("spark_supervisor_flapping", HEAD_NODE, "0 0 1 1 1 0 0")],
+             "4m", fired=[(HEAD_NODE, "1")], quiet_at="6m"),
         # The worker's RDMA port went down (its rail's link, or the driver): NCCL there serves over sockets.
         case(rules, "SparkFabricWithoutRdma",
              [series("spark_rdma_fabric_ports_usable", {**WORKER_NODE, "netdev": "enp1s0f1np1"}, "1 1 0 0 0 0 0 0"),
@@ -208,7 +213,7 @@ KNOWN_SETTINGS = {name for role in ROLE_PREFIXES for name in role_defaults(role)
 
 def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_path):
     rules = FILTER.monitoring_rules(ctx(tmp_path))["groups"][0]["rules"]
-    assert len(rules) == len({r["alert"] for r in rules}) == 11
+    assert len(rules) == len({r["alert"] for r in rules}) == 13
     for rule in rules:
         runbook = rule["annotations"]["runbook"]
         playbooks = re.findall(r"(?:playbooks/)?[a-z_]+\.yml", runbook)

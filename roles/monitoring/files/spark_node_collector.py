@@ -205,6 +205,11 @@ def supervisor_metrics(expo, state_dir):
              len(st.get("restarts") or []) if isinstance(st, dict) else 0)
     expo.add("spark_supervisor_gave_up", "1 when the supervisor gave up (gave-up.json).",
              int(os.path.exists(os.path.join(state_dir, "gave-up.json"))))
+    # The supervisor's flapping alert holds for a window after it was raised (state.json's flapping_until).
+    until = _epoch(st.get("flapping_until")) if isinstance(st, dict) and st.get("flapping_until") else None
+    expo.add("spark_supervisor_flapping",
+             "1 while the supervisor's alert of frequent group restarts (each healed) holds, for a window after it.",
+             int(until is not None and time.time() < until))
 
 
 def _epoch(stamp):

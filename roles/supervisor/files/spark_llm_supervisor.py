@@ -1140,6 +1140,8 @@ class Supervisor:
         if len(st["restarts"]) < cfg.window_max_restarts or (last is not None and now - last < cfg.window):
             return []
         st["flapping_alerted"] = iso(now)
+        # Until then the monitoring's collector reports the group as flapping (spark_supervisor_flapping).
+        st["flapping_until"] = iso(now + cfg.window)
         return list(st["restarts"])
 
     def flapping(self, restarts: list[str], reason: str) -> None:
