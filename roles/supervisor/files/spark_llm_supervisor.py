@@ -930,7 +930,7 @@ class Supervisor:
         now = self.clock.time()
         cfg = self.cfg
         with self.store.update() as st:
-            st["restarts"] = [t for t in st["restarts"] if (from_iso(t) or 0) > now - cfg.window]
+            st["restarts"] = within_window(st["restarts"], now, cfg.window)
             st["healthy_since"] = ""
             streak = st["streak"]
             verdict, why = "restart", ""
@@ -1012,7 +1012,7 @@ class Supervisor:
                       event="restart", attempt=attempt)
             flapping = self.flapping_due(st, now)
         if flapping:
-            self.flapping(flapping, reason)
+            self.flapping(flapping, attempt, reason)
         try:
             try:
                 took = self.ordered_restart()
@@ -1133,23 +1133,21 @@ class Supervisor:
         return [self.redact(line) for line in res.out.splitlines()[-JOURNAL_LINES:]]
 
     def flapping_due(self, st: dict, now: float) -> list[str]:
-        """The restarts within the window when they reached window_max_restarts and the last flapping alert is
-        older than the window (one alert per window, however often the group restarts in it); else []."""
+        """The restarts within the window when they reached window_max_restarts and the last flapping alert's
+        window is over (one alert per window, however often the group restarts in it); else []."""
         cfg = self.cfg
-        last = from_iso(st.get("flapping_alerted") or "")
-        if len(st["restarts"]) < cfg.window_max_restarts or (last is not None and now - last < cfg.window):
+        until = from_iso(st.get("flapping_until") or "")
+        if len(st["restarts"]) < cfg.window_max_restarts or (until is not None and now < until):
             return []
-        st["flapping_alerted"] = iso(now)
-        # Until then the monitoring's collector reports the group as flapping (spark_supervisor_flapping).
+        # Until then no second alert, and the monitoring's collector reports the group as flapping
+        # (spark_supervisor_flapping).
         st["flapping_until"] = iso(now + cfg.window)
         return list(st["restarts"])
 
-    def flapping(self, restarts: list[str], reason: str) -> None:
+    def flapping(self, restarts: list[str], streak: int, reason: str) -> None:
         """Loud, and nothing stops: each of these restarts but the streak's current ones served stable_after
         seconds again. Someone should find out why the group keeps dying; leaving it down would not."""
         cfg = self.cfg
-        with self.store.update() as st:
-            streak = st["streak"]
         why = (f"{len(restarts)} group restarts within {cfg.window:g}s (alert at {cfg.window_max_restarts}), "
                f"{len(restarts) - streak} of them healed (served {cfg.stable_after:g}s again): still restarting; "
                f"this one: {reason}")
@@ -1220,6 +1218,11 @@ class Supervisor:
         return "sent"
 
 
+def within_window(restarts: list[str], now: float, window: float) -> list[str]:
+    """The restart times (ISO) that lie within the window before now."""
+    return [t for t in restarts if (from_iso(t) or 0) > now - window]
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 
 def cmd_status(state_dir: str, clock, cfg: Config | None = None) -> int:
@@ -1235,7 +1238,7 @@ def cmd_status(state_dir: str, clock, cfg: Config | None = None) -> int:
     # Restarting often, healed each time: the alert's ceiling reached within the window as it is now (the daemon
     # prunes the list at its next incident only).
     st["flapping"] = None if cfg is None else len(
-        [t for t in st.get("restarts") or [] if (from_iso(t) or 0) > clock.time() - cfg.window]) >= cfg.window_max_restarts
+        within_window(st.get("restarts") or [], clock.time(), cfg.window)) >= cfg.window_max_restarts
     print(json.dumps(st, indent=2))
     return 0
 
