@@ -44,10 +44,10 @@ def _extra_args(raw, errors):
     if not isinstance(raw, (list, tuple)) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
                                                      for a in raw):
         errors.append(f"gateway_extra_args = {inputs.shown(raw)}: must be a list of smg launch's arguments as "
-                      "strings. Fix: e.g. gateway_extra_args: ['--load-monitor-interval', '1'].")
+                      "strings. Fix: e.g. gateway_extra_args: ['--worker-overload-waiting-requests', '1'].")
         return []
     args = [str(a) for a in raw]
-    owned = sorted({a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in OWN_FLAGS})
+    owned = sorted({a.split("=", 1)[0] for a in args} & set(OWN_FLAGS))
     if owned:
         errors.append(f"gateway_extra_args = {inputs.shown(args)}: {', '.join(owned)} is set by the role from its own "
                       "settings (the key from its 0600 file, never on a command line). Fix: drop it from "
