@@ -39,6 +39,8 @@ VOLATILE = (
     "var/lib/prometheus/",
     # The stand-in for /proc/sys/vm/drop_caches (tests/standins/README.md): a kernel switch, not a file, on DGX OS.
     "var/lib/spark-sim-proc/",
+    # The stand-ins' own bytecode: the docker CLI stand-in is a module its shim imports, compiled at its first start.
+    "usr/lib/spark-sim/__pycache__/",
     "root/.ansible/",
     "etc/ld.so.cache",
     "etc/.pwd.lock",
