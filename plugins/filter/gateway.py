@@ -11,12 +11,16 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import input
 POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "least_load", "consistent_hashing",
             "prefix_hash", "passthrough", "manual")
 
+# smg 1.13.0's --power-of-two-load-metric choices: what power_of_two compares between two groups.
+POWER_OF_TWO_METRICS = ("least_requests", "requests", "expected_wait")
+
 # The flags the role sets itself (from its own settings, the key from its file): gateway_extra_args may not repeat
 # or override them.
 OWN_FLAGS = ("--worker-urls", "--host", "--port", "--policy", "--health-check-endpoint", "--health-check-interval-secs",
              "--health-check-timeout-secs", "--health-failure-threshold", "--health-success-threshold",
              "--prometheus-host", "--prometheus-port", "--disable-tokenizer-autoload", "--ca-cert-paths",
-             "--tls-cert-path", "--tls-key-path", "--api-key", "--load-monitor-interval")
+             "--tls-cert-path", "--tls-key-path", "--api-key", "--load-monitor-interval",
+             "--power-of-two-load-metric")
 
 # Whole-number settings: (variable, smallest value, what it is, an example).
 NUMBERS = (
@@ -52,7 +56,8 @@ def _extra_args(raw, errors):
         errors.append(f"gateway_extra_args = {inputs.shown(args)}: {', '.join(owned)} is set by the role from its own "
                       "settings (the key from its 0600 file, never on a command line). Fix: drop it from "
                       "gateway_extra_args and set the gateway_* variable that names it (gateway_port, gateway_policy, "
-                      "gateway_health_*, gateway_load_monitor_interval, gateway_tls_*; server_api_key for the key).")
+                      "gateway_health_*, gateway_load_monitor_interval, gateway_power_of_two_load_metric, gateway_tls_*; "
+                      "server_api_key for the key).")
     return args
 
 
@@ -103,8 +108,13 @@ def gateway_plan(ctx):
     policy = ctx.get("policy")
     if policy not in POLICIES:
         errors.append(f"gateway_policy = {inputs.shown(policy)}: smg has no such routing policy. Fix: one of "
-                      f"{', '.join(POLICIES)} (cache_aware, the default, keeps a conversation on the group that holds "
-                      "its prefix).")
+                      f"{', '.join(POLICIES)} (power_of_two, the default, sends each request to the group with fewer "
+                      "requests in flight; cache_aware keeps a conversation on the group that holds its prefix).")
+    metric = ctx.get("power_of_two_load_metric")
+    if policy == "power_of_two" and metric not in POWER_OF_TWO_METRICS:
+        errors.append(f"gateway_power_of_two_load_metric = {inputs.shown(metric)}: smg's power_of_two compares "
+                      f"{', '.join(POWER_OF_TWO_METRICS)}. Fix: least_requests (the default: the requests the gateway "
+                      "has in flight on each group, counted as they come and go).")
     ports = {}
     for var in ("port", "metrics_port", "heads_port"):
         number = inputs.port(ctx.get(var))
@@ -163,6 +173,8 @@ def gateway_plan(ctx):
             "--prometheus-host", metrics_address, "--prometheus-port", str(ports["metrics_port"]),
             # The gateway host holds no checkpoint and reaches no hub: the heads tokenize.
             "--disable-tokenizer-autoload"]
+    if policy == "power_of_two":
+        args += ["--power-of-two-load-metric", str(metric)]
     if ctx.get("heads_ca"):
         args += ["--ca-cert-paths", str(ctx["heads_ca"])]
     if ctx.get("tls_cert"):
