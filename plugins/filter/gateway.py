@@ -7,8 +7,9 @@ import ipaddress
 
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import inputs
 
-# smg 1.13.0's --policy choices (`smg launch --help`).
-POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "least_load", "consistent_hashing",
+# smg 1.13.0's --policy choices (`smg launch --help`), after the role's own "auto": power_of_two in front of two
+# groups or more (smg refuses to start it in front of one), cache_aware in front of one.
+POLICIES = ("auto", "cache_aware", "round_robin", "power_of_two", "random", "least_load", "consistent_hashing",
             "prefix_hash", "passthrough", "manual")
 
 # smg 1.13.0's --power-of-two-load-metric choices: what power_of_two compares between two groups.
@@ -89,7 +90,8 @@ def gateway_plan(ctx):
     enabled = inputs.switch(ctx.get("enabled"))
     if enabled is None:
         errors.append(inputs.not_a_switch("gateway_enabled", ctx.get("enabled")))
-    plan = {"errors": errors, "enabled": bool(enabled), "args": [], "worker_urls": [], "metrics_address": ""}
+    plan = {"errors": errors, "enabled": bool(enabled), "args": [], "worker_urls": [], "metrics_address": "",
+            "policy": ""}
     if not enabled:
         return plan
     host = ctx.get("host") or ""
@@ -108,8 +110,16 @@ def gateway_plan(ctx):
     policy = ctx.get("policy")
     if policy not in POLICIES:
         errors.append(f"gateway_policy = {inputs.shown(policy)}: smg has no such routing policy. Fix: one of "
-                      f"{', '.join(POLICIES)} (power_of_two, the default, sends each request to the group with fewer "
-                      "requests in flight; cache_aware keeps a conversation on the group that holds its prefix).")
+                      f"{', '.join(POLICIES)} (auto, the default: power_of_two, each request to the group with fewer "
+                      "requests in flight, in front of two groups or more; cache_aware, which keeps a conversation on "
+                      "the group that holds its prefix, in front of one).")
+    if policy == "power_of_two" and len(heads) < 2:
+        errors.append(f"gateway_policy = 'power_of_two': smg refuses to start it in front of one group ({len(heads)} "
+                      "head here). Fix: gateway_policy: auto (cache_aware in front of one group, power_of_two in "
+                      "front of several) or cache_aware.")
+    if policy == "auto":
+        policy = "power_of_two" if len(heads) >= 2 else "cache_aware"
+    plan["policy"] = policy
     metric = ctx.get("power_of_two_load_metric")
     if policy == "power_of_two" and metric not in POWER_OF_TWO_METRICS:
         errors.append(f"gateway_power_of_two_load_metric = {inputs.shown(metric)}: smg's power_of_two compares "

@@ -226,7 +226,8 @@ def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):
 
 def test_requests_through_the_gateway_reach_both_groups(site):
     before = {group: site.counted(group) for group in GROUPS}
-    # Two at a time: the gateway sends each request to the group with fewer requests in flight (power_of_two).
+    # Two at a time: in front of two groups the gateway sends each request to the group with fewer requests in
+    # flight (gateway_policy auto: power_of_two).
     with LoopingClient(site.ask), LoopingClient(site.ask) as client:
         wait_for(lambda: all(site.counted(g) > before[g] for g in GROUPS), "both heads to count a request", 120,
                  every=0.5)

@@ -253,7 +253,7 @@ def test_the_gateway_forwards_to_the_head_with_the_key_over_tls_and_refuses_with
     status, err = curl(url + "/v1/models", key=key)
     assert status == "000" and "SSL certificate problem" in err, err
     said = next(iter(gateway["first"].results("Refuse bad gateway settings").values()))["msg"]
-    assert said == f"gateway: {url} on {GATEWAY_HOST}, in front of https://{site["head"].mgmt_ip}:30000 (power_of_two)"
+    assert said == f"gateway: {url} on {GATEWAY_HOST}, in front of https://{site["head"].mgmt_ip}:30000 (cache_aware)"
 
 
 def test_the_gateway_metrics_reach_the_monitoring_host_only(site, gateway):

@@ -36,21 +36,32 @@ def test_the_defaults_give_smg_its_arguments_without_the_key():
     assert plan["worker_urls"] == ["http://10.0.0.10:30000"]
     assert plan["args"] == [
         "--worker-urls", "http://10.0.0.10:30000", "--host", DEFAULTS["gateway_listen_address"], "--port", "30080",
-        "--policy", "power_of_two",
+        # auto in front of one group: cache_aware (smg refuses power_of_two in front of one worker).
+        "--policy", "cache_aware",
         "--health-check-endpoint", "/health", "--health-check-interval-secs", "10", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "3", "--health-success-threshold", "2", "--load-monitor-interval", "1",
         # The monitoring host is the gateway host: its metrics stay on loopback.
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000", "--disable-tokenizer-autoload",
-        # Each request to the group with fewer requests in flight at the gateway (counted as they come and go).
-        "--power-of-two-load-metric", "least_requests"]
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000", "--disable-tokenizer-autoload"]
+    assert plan["policy"] == "cache_aware"
     assert "--api-key" not in plan["args"]
 
 
-def test_the_load_metric_goes_with_power_of_two_only():
-    args = gw.gateway_plan(ctx(policy="cache_aware", power_of_two_load_metric="fastest"))["args"]
-    assert args[args.index("--policy") + 1] == "cache_aware" and "--power-of-two-load-metric" not in args
-    args = gw.gateway_plan(ctx(power_of_two_load_metric="expected_wait"))["args"]
+def test_auto_in_front_of_two_groups_is_power_of_two_on_the_requests_in_flight():
+    plan = gw.gateway_plan(ctx(heads=[HEAD, WORKER]))
+    args = plan["args"]
+    assert plan["errors"] == [] and plan["policy"] == "power_of_two"
+    assert args[args.index("--policy") + 1] == "power_of_two"
+    # Each request to the group with fewer requests in flight at the gateway (counted as they come and go).
+    assert args[-2:] == ["--power-of-two-load-metric", "least_requests"]
+    args = gw.gateway_plan(ctx(heads=[HEAD, WORKER], power_of_two_load_metric="expected_wait"))["args"]
     assert args[-2:] == ["--power-of-two-load-metric", "expected_wait"]
+
+
+def test_the_load_metric_goes_with_power_of_two_only():
+    plan = gw.gateway_plan(ctx(heads=[HEAD, WORKER], policy="cache_aware", power_of_two_load_metric="fastest"))
+    assert plan["errors"] == [] and plan["policy"] == "cache_aware"
+    assert plan["args"][plan["args"].index("--policy") + 1] == "cache_aware"
+    assert "--power-of-two-load-metric" not in plan["args"]
 
 
 def test_extra_arguments_follow_the_roles_own():
@@ -75,15 +86,18 @@ def test_every_head_over_tls_with_the_heads_ca_and_the_gateway_serving_tls_itsel
 
 def test_off_it_checks_nothing_but_its_switch():
     assert gw.gateway_plan(ctx(enabled=False, policy="fastest", port="x")) == {
-        "errors": [], "enabled": False, "args": [], "worker_urls": [], "metrics_address": ""}
+        "errors": [], "enabled": False, "args": [], "worker_urls": [], "metrics_address": "", "policy": ""}
     assert errors(enabled="maybe") == ["gateway_enabled = 'maybe': must be true or false. Fix: a YAML boolean."]
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"version": "1.12.0"}, "gateway_version = '1.12.0': no pinned wheels are known for it"),
-    ({"policy": "fastest"}, "gateway_policy = 'fastest': smg has no such routing policy. Fix: one of cache_aware, "),
-    ({"power_of_two_load_metric": "fastest"}, "gateway_power_of_two_load_metric = 'fastest': smg's power_of_two "
-                                              "compares least_requests, requests, expected_wait. Fix: least_requests"),
+    ({"policy": "fastest"}, "gateway_policy = 'fastest': smg has no such routing policy. Fix: one of auto, cache_aware, "),
+    ({"heads": [HEAD, WORKER], "power_of_two_load_metric": "fastest"},
+     "gateway_power_of_two_load_metric = 'fastest': smg's power_of_two compares least_requests, requests, "
+     "expected_wait. Fix: least_requests"),
+    ({"policy": "power_of_two"}, "gateway_policy = 'power_of_two': smg refuses to start it in front of one group (1 "
+                                 "head here). Fix: gateway_policy: auto"),
     ({"extra_args": ["--power-of-two-load-metric", "requests"]},
      "gateway_extra_args = ['--power-of-two-load-metric', 'requests']: --power-of-two-load-metric is set by the role"),
     ({"port": 30000}, "gateway_port = 30000: the gateway runs on the head spark-0, whose engine serves server_port "
