@@ -163,6 +163,20 @@ def go_text(value):
     return str(value)
 
 
+def print_rows(rows, quiet, fmt, header, line):
+    """A listing as the CLI prints it: the IDs alone (-q), each row through --format, or the table."""
+    if quiet:
+        for row in rows:
+            print(row["ID"])
+    elif fmt:
+        for row in rows:
+            print(go_format(fmt, row))
+    else:
+        print(header)
+        for row in rows:
+            print(line(row))
+
+
 def go_format(template, data):
     """{{.A.B}}, {{json .A}}, {{json .}}, {{index .A 0}}, {{.A}} with literal text around them."""
     template = template.replace("\\t", "\t").replace("\\n", "\n")
@@ -621,16 +635,8 @@ def cmd_images(args, k):
             digest = image["RepoDigests"][0].split("@")[1] if image["RepoDigests"] else "<none>"
             rows.append({"Repository": repo, "Tag": t, "ID": image["Id"][7:19], "CreatedSince": "2 months ago",
                          "Size": "31.5GB", "Digest": digest})
-    if quiet:
-        for row in rows:
-            print(row["ID"])
-    elif fmt:
-        for row in rows:
-            print(go_format(fmt, row))
-    else:
-        print(f"{'REPOSITORY':<40}{'TAG':<25}{'IMAGE ID':<15}{'CREATED':<15}SIZE")
-        for row in rows:
-            print(f"{row['Repository']:<40}{row['Tag']:<25}{row['ID']:<15}{row['CreatedSince']:<15}{row['Size']}")
+    print_rows(rows, quiet, fmt, f"{'REPOSITORY':<40}{'TAG':<25}{'IMAGE ID':<15}{'CREATED':<15}SIZE",
+               lambda row: f"{row['Repository']:<40}{row['Tag']:<25}{row['ID']:<15}{row['CreatedSince']:<15}{row['Size']}")
     return 0
 
 
@@ -932,17 +938,10 @@ def cmd_ps(args, k):
                      "RunningFor": f"{human(now - created)} ago", "Ports": "", "Status": status,
                      "State": "running" if running else "exited", "Size": "0B", "Labels": "", "Mounts": "",
                      "Networks": "host"})
-    if quiet:
-        for row in rows:
-            print(row["ID"])
-    elif fmt:
-        for row in rows:
-            print(go_format(fmt, row))
-    else:
-        print(f"{'CONTAINER ID':<15}{'IMAGE':<40}{'COMMAND':<24}{'CREATED':<20}{'STATUS':<28}{'PORTS':<7}NAMES")
-        for row in rows:
-            print(f"{row['ID']:<15}{row['Image']:<40}{row['Command']:<24}{row['RunningFor']:<20}{row['Status']:<28}"
-                  f"{'':<7}{row['Names']}")
+    print_rows(rows, quiet, fmt,
+               f"{'CONTAINER ID':<15}{'IMAGE':<40}{'COMMAND':<24}{'CREATED':<20}{'STATUS':<28}{'PORTS':<7}NAMES",
+               lambda row: f"{row['ID']:<15}{row['Image']:<40}{row['Command']:<24}{row['RunningFor']:<20}"
+                           f"{row['Status']:<28}{'':<7}{row['Names']}")
     return 0
 
 
