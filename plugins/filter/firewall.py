@@ -25,6 +25,7 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_reads i
 IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 NAMES = {
     "allowed_clients": "firewall_allowed_clients",
+    "http_extra_clients": "firewall_http_extra_clients",
     "http_port": "firewall_http_port",
     "dist_ports": "firewall_dist_ports",
     "fabric_interface": "firewall_fabric_interface",
@@ -47,14 +48,14 @@ def _host_prefix(address):
     return f"{address}/{address.max_prefixlen}"
 
 
-def _networks(value, var, errors):
+def _networks(value, var, errors, empty="the head's management subnet"):
     """The allowed clients as ip_network objects; None when the value is unusable (errors say why)."""
     if value is None:
         value = []
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         errors.append(
             f"{var} = {inputs.shown(value)}: must be a list of networks (CIDR) or addresses. Fix: e.g. {var}: "
-            "['10.0.0.0/24', '10.0.5.7'], or [] for the head's management subnet."
+            f"['10.0.0.0/24', '10.0.5.7'], or [] for {empty}."
         )
         return None
     nets = []
@@ -304,7 +305,9 @@ def firewall_plan(ctx, hostvars=None):
     ``ctx``: host, head, nodes, allowed_clients, http_port, dist_ports, fabric_interface,
     ssh_port, connection, must_reach, routes ({address: `ip -j route get` answer} read on the
     controller), probe (this node's firewall_probe result; None before any contact),
-    head_probe (the head's), names (operator-facing variable names for the messages).
+    head_probe (the head's), names (operator-facing variable names for the messages),
+    http_hosts_only (the HTTP port admits only http_client_hosts and http_extra_clients, while
+    allowed_clients, the endpoint's clients, go to the services that serve them: the model gateway's port).
     ``hostvars`` gives every node's spark_fabric_ip and ansible_host (tests may put
     ``fabric_ips`` and ``management`` mappings into ``ctx`` instead).
 
@@ -370,6 +373,12 @@ def firewall_plan(ctx, hostvars=None):
                       "YAML boolean.")
         must_reach = True
 
+    hosts_only = ctx.get("http_hosts_only", False)
+    if not isinstance(hosts_only, bool):
+        errors.append(f"firewall_http_hosts_only = {inputs.shown(hosts_only)}: must be true or false. Fix: a YAML "
+                      "boolean.")
+        hosts_only = False
+
     allowed_var = names["allowed_clients"]
     raw_allowed = ctx.get("allowed_clients")
     nets = _networks(raw_allowed, allowed_var, errors)
@@ -411,8 +420,22 @@ def firewall_plan(ctx, hostvars=None):
     client_nets = list(nets or [])
     client_source = clients_source
     # The HTTP port admits the hosts named too (the monitoring host scrapes /metrics there).
-    extra = [a for a in (named_address(h, "spark_monitor") for h in ctx.get("http_client_hosts") or []) if a]
-    if nets is not None and extra and is_head:
+    named_http = [(h, named_address(h, "spark_monitor")) for h in ctx.get("http_client_hosts") or []]
+    extra = [a for _, a in named_http if a]
+    if hosts_only:
+        # Behind the model gateway the heads serve the gateway (and the monitoring host), not the clients: their
+        # port admits those hosts and the networks named for direct use, and nothing by default.
+        extra_var = names["http_extra_clients"]
+        direct = _networks(ctx.get("http_extra_clients"), extra_var, errors, empty="nobody")
+        nets = list(direct or [])
+        nets += [ipaddress.ip_network(_host_prefix(a)) for a in dict.fromkeys(extra) if not any(a in n for n in nets)]
+        clients_source = "only " + ", ".join(f"{h} ({a})" if a else h for h, a in named_http) \
+            + (f" and {extra_var} {inputs.shown([str(n) for n in direct])}" if direct else "") \
+            + " (the model gateway fronts the heads)"
+        if not named_http and not direct:
+            clients_source = "nobody but loopback (the model gateway fronts the heads)"
+        default_subnet, known = None, direct is not None and all(a for _, a in named_http)
+    elif nets is not None and extra and is_head:
         nets = nets + [ipaddress.ip_network(_host_prefix(a)) for a in extra if not any(a in n for n in nets)]
         clients_source += " and the monitoring host " + ", ".join(str(a) for a in extra)
 
@@ -436,7 +459,7 @@ def firewall_plan(ctx, hostvars=None):
             # The endpoint's clients, as the HTTP port would admit them (the default: the head's subnet).
             svc_nets = list(client_nets)
         else:
-            svc_nets = _networks(svc.get("clients"), svc.get("clients_var") or var, errors) or []
+            svc_nets = _networks(svc.get("clients"), svc.get("clients_var") or var, errors, empty="nobody") or []
         hosts = [a for a in (named_address(h, "spark_monitor") for h in svc.get("client_hosts") or []) if a]
         svc_nets += [ipaddress.ip_network(_host_prefix(a)) for a in hosts]
         who = [str(n) for n in svc_nets]
@@ -500,7 +523,17 @@ def firewall_plan(ctx, hostvars=None):
         if head_controller not in (None, "local") and http_port is not None:
             packet = {"saddr": head_controller, "daddr": head_address, "dport": http_port, "iif": "(management)"}
             verdict, rule = firewall_verdict(plan, packet)
-            if verdict == "drop":
+            if verdict == "drop" and hosts_only:
+                extra_var = names["http_extra_clients"]
+                given = [str(n) for n in _networks(ctx.get("http_extra_clients"), extra_var, []) or []]
+                errors.append(
+                    f"verify_run_on = controller: the head's HTTP port admits {clients_source}, not the controller "
+                    f"({head_controller}: {head_how}), which would ask http://{head_address}:{http_port} in "
+                    f"playbooks/verify.yml; the firewall would drop it. Fix: verify from the head itself (verify_run_on: "
+                    f"auto or head), or open the heads to the controller, e.g. {extra_var}: "
+                    f"{inputs.shown(given + [_host_prefix(head_controller)])}."
+                )
+            elif verdict == "drop":
                 shown = (f"[] (the default: {clients_source})" if default_subnet is not None else
                          inputs.shown(raw_allowed))
                 wanted = [str(n) for n in nets] + [_host_prefix(head_controller)]

@@ -323,3 +323,62 @@ def test_the_probe_reads_the_files_it_is_given(tmp_path):
     assert seen["owner"] == pwd.getpwuid(os.getuid())[0]
     assert result["paths"][str(tmp_path / "gone")] == {"type": "absent"}
     assert result["units"] == {}
+
+
+# Behind the model gateway (firewall_http_hosts_only, wired from spark_gateway_enabled): a head's port serves the
+# gateway's host and the monitoring host; the endpoint's clients reach the gateway's port instead.
+GATEWAY_HOST = "spark-2"
+GATEWAY_PORT = {"name": "model gateway", "port": 30080, "var": "gateway_port", "clients_as_http": True, "client_hosts": []}
+
+
+def behind_the_gateway(**changes):
+    ctx = {"probe": probe(), "http_hosts_only": True, "must_reach": False, "http_client_hosts": [GATEWAY_HOST, HEAD],
+           "service_ports": [GATEWAY_PORT],
+           "management": {HEAD: "10.0.0.10", WORKER: "10.0.0.11", GATEWAY_HOST: "10.0.0.12"}}
+    return plan(**{**ctx, **changes})
+
+
+def test_behind_the_gateway_the_heads_port_admits_only_the_gateway_and_the_monitoring_host():
+    p = behind_the_gateway()
+    assert p["errors"] == []
+    assert p["clients"] == {"ip": ["10.0.0.12/32", "10.0.0.10/32"], "ip6": []}
+    assert p["clients_source"] == "only spark-2 (10.0.0.12), spark-0 (10.0.0.10) (the model gateway fronts the heads)"
+    assert verdict(p, "10.0.0.12", "10.0.0.10", 30000) == "accept"
+    assert verdict(p, "10.0.0.10", "10.0.0.10", 30000) == "accept"
+    # The controller and the rest of the head's subnet: dropped at the head, admitted at the gateway's port.
+    for client in (CONTROLLER, "10.0.0.50"):
+        assert verdict(p, client, "10.0.0.10", 30000) == "drop"
+        assert verdict(p, client, "10.0.0.10", 30080) == "accept"
+    assert verdict(p, "10.0.1.5", "10.0.0.10", 30080) == "drop"
+    # Without the switch the head's port admits its subnet, as before.
+    assert verdict(behind_the_gateway(http_hosts_only=False), "10.0.0.50", "10.0.0.10", 30000) == "accept"
+
+
+def test_behind_the_gateway_verify_from_the_controller_is_refused_with_the_fix():
+    errors = behind_the_gateway(must_reach=True)["errors"]
+    assert errors == [
+        "verify_run_on = controller: the head's HTTP port admits only spark-2 (10.0.0.12), spark-0 (10.0.0.10) (the "
+        "model gateway fronts the heads), not the controller (10.0.0.1: the source address of the controller's route "
+        "to spark-0 (10.0.0.10)), which would ask http://10.0.0.10:30000 in playbooks/verify.yml; the firewall would "
+        "drop it. Fix: verify from the head itself (verify_run_on: auto or head), or open the heads to the "
+        "controller, e.g. firewall_http_extra_clients: ['10.0.0.1/32']."]
+
+
+def test_behind_the_gateway_networks_named_for_direct_use_reach_the_heads():
+    p = behind_the_gateway(must_reach=True, http_extra_clients=["10.0.0.1"])
+    assert p["errors"] == []
+    assert verdict(p, CONTROLLER, "10.0.0.10", 30000) == "accept"
+    assert verdict(p, "10.0.0.50", "10.0.0.10", 30000) == "drop"
+    assert "and firewall_http_extra_clients ['10.0.0.1/32']" in p["clients_source"]
+
+
+@pytest.mark.parametrize(("changes", "fragment"), [
+    ({"http_extra_clients": "10.0.0.1"}, "firewall_http_extra_clients = '10.0.0.1': must be a list of networks (CIDR) "
+                                         "or addresses. Fix: e.g. firewall_http_extra_clients: ['10.0.0.0/24', "
+                                         "'10.0.5.7'], or [] for nobody."),
+    ({"http_extra_clients": ["10.0.0.1/8"]}, "firewall_http_extra_clients[0] = '10.0.0.1/8': has host bits set"),
+    ({"http_hosts_only": "yes"}, "firewall_http_hosts_only = 'yes': must be true or false"),
+])
+def test_behind_the_gateway_bad_settings_are_refused(changes, fragment):
+    errors = behind_the_gateway(**changes)["errors"]
+    assert any(fragment in e and "Fix:" in e for e in errors), errors
