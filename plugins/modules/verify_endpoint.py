@@ -39,6 +39,12 @@ options:
     description: CA file the https endpoint's certificate chain must verify against; empty means the system's store.
     type: str
     default: ""
+  ca_data:
+    description:
+      - The CA's PEM text, for a run on another host than the one that holds C(ca_path) (verify asked from the head,
+        the CA file being the controller's); when given, the chain is checked against it and C(ca_path) only names it.
+    type: str
+    default: ""
   engine:
     description:
       - The engine that serves (C(spark_engine)). The parsers that fix a failed row are each engine's own (SGLang's
@@ -123,6 +129,7 @@ certificate:
 """
 
 import json
+import os
 import secrets
 import socket
 import ssl
@@ -203,6 +210,7 @@ def main():
             "allow_unauthenticated": {"type": "bool", "default": False},
             "key_file": {"type": "str", "default": ""},
             "ca_path": {"type": "str", "default": ""},
+            "ca_data": {"type": "str", "default": ""},
             "engine": {"type": "str", "default": "sglang", "choices": ["sglang", "vllm"]},
             "auth_probe": {"type": "str", "default": "models", "choices": ["models", "generation"]},
         },
@@ -210,10 +218,15 @@ def main():
     )
     base = module.params["endpoint"].rstrip("/")
     tls = base.startswith("https://")
+    ca = module.params["ca_path"]
+    if module.params["ca_data"]:
+        ca = os.path.join(module.tmpdir, "ca.crt")
+        with open(ca, "w", encoding="utf-8") as handle:
+            handle.write(module.params["ca_data"])
     # One TLS context for every request of the run: open_url makes one per request, each loading the system's
     # CA store again. A plain http:// request never uses it, so without TLS the context is a bare one that
     # loads nothing.
-    context = make_context(cafile=module.params["ca_path"] or None) if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context = make_context(cafile=ca or None) if tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     exchanges = {"models": _exchange(module, "GET", base + "/v1/models", context=context)}
     reachable = exchanges["models"]["status"] is not None
     model = module.params["expected_model"]
@@ -243,7 +256,7 @@ def main():
     with ThreadPoolExecutor(max_workers=len(asked) + 1) as pool:
         answers = {name: pool.submit(_exchange, module, method, url, payload, key, context=context)
                    for name, (method, url, payload, key) in asked.items()}
-        checked = pool.submit(_certificate, base, module.params["ca_path"], module.params["timeout"]) if tls else None
+        checked = pool.submit(_certificate, base, ca, module.params["timeout"]) if tls else None
         exchanges.update((name, answer.result()) for name, answer in answers.items())
         certificate = checked.result() if checked else None
     access = {"keyed": bool(module.params["api_key"]), "allow_unauthenticated": module.params["allow_unauthenticated"],

@@ -820,10 +820,11 @@ def _close_mux(n: Node) -> None:
 SSH_CONNECTIONS = {"count": 0}
 
 
-def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60) -> str:
+def ssh(n: Node, command: str, *, check: bool = True, timeout: float = 60, stdin: str | None = None) -> str:
+    """`command` on the node; `stdin` is its input (a secret goes there, never onto a command line)."""
     SSH_CONNECTIONS["count"] += 1
     _open_mux(n)
-    proc = subprocess.run(ssh_base(n) + [command], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(ssh_base(n) + [command], capture_output=True, text=True, timeout=timeout, input=stdin)
     if check and proc.returncode != 0:
         raise RuntimeError(f"ssh {n.name} {command!r} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout

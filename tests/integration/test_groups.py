@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 
@@ -64,10 +66,19 @@ def key_header(cluster) -> dict:
     return {"Authorization": f"Bearer {(cluster.inventory / '.credentials' / 'spark_llm_api_key').read_text().strip()}"}
 
 
-def serves(cluster, head) -> bool:
-    req = urllib.request.Request(f"http://{head.mgmt_ip}:30000/v1/models", headers=key_header(cluster))
-    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the simulated head's address
-        return resp.status == 200 and bool(json.loads(resp.read())["data"])
+def head_get(cluster, via, head, path: str, connect_timeout: float = 10) -> tuple[str, str]:
+    """GET on a head's server_port from the node `via`, with the key (through curl's stdin, on no command line):
+    behind the gateway a head's port admits only the gateway's host and the monitoring host, not this controller."""
+    out = sim.ssh(via, f"curl -s --connect-timeout {connect_timeout} --max-time 30 -H @- -w '\\n%{{http_code}}' "
+                       f"http://{head.mgmt_ip}:30000{path}", check=False,
+                  stdin=f"Authorization: {key_header(cluster)['Authorization']}\n")
+    body, _, status = out.rpartition("\n")
+    return status.strip(), body
+
+
+def serves(cluster, head, via) -> bool:
+    status, body = head_get(cluster, via, head, "/v1/models")
+    return status == "200" and bool(json.loads(body)["data"])
 
 
 # --- one TP group of four ------------------------------------------------------------------------------------------
@@ -177,11 +188,10 @@ class Site:
             return json.loads(resp.read())["workers"]
 
     def counted(self, group: str) -> float:
-        """The requests the group's head has processed (its /metrics counter)."""
-        head = self.nodes[GROUPS[group][0]]
-        req = urllib.request.Request(f"http://{head.mgmt_ip}:30000/metrics", headers=key_header(self.cluster))
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the simulated head
-            return sum(float(v) for v in COUNTER.findall(resp.read().decode()))
+        """The requests the group's head has processed (its /metrics counter, asked from the gateway's host)."""
+        status, body = head_get(self.cluster, self.nodes["spark-0"], self.nodes[GROUPS[group][0]], "/metrics")
+        assert status == "200", (status, body[-500:])
+        return sum(float(v) for v in COUNTER.findall(body))
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +214,7 @@ def test_site_converges_each_group_at_its_own_head(site):
             args = args_of(site.nodes[name])
             assert (flag(args, "--tp-size"), flag(args, "--node-rank")) == ("2", str(rank)), (group, name, args)
             assert flag(args, "--dist-init-addr") == f"{fabric}:20000", (group, name, args)
-        assert serves(site.cluster, site.nodes[head]), group
+        assert serves(site.cluster, site.nodes[head], via=site.nodes["spark-0"]), group
 
 
 def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):
@@ -221,7 +231,9 @@ def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):
     # The other group: the same containers, started at the same moment, on its old flags.
     assert site.started("replica_b") == before["replica_b"]
     assert flag(args_of(site.nodes["spark-2"]), "--max-running-requests") != "1"
-    assert serves(site.cluster, site.nodes["spark-0"]) and serves(site.cluster, site.nodes["spark-2"])
+    gateway_host = site.nodes["spark-0"]
+    assert serves(site.cluster, site.nodes["spark-0"], gateway_host) and serves(site.cluster, site.nodes["spark-2"],
+                                                                                gateway_host)
 
 
 def test_requests_through_the_gateway_reach_both_groups(site):
@@ -234,6 +246,38 @@ def test_requests_through_the_gateway_reach_both_groups(site):
     assert client.failed == 0, client.failed
     assert sorted(w["url"] for w in site.workers()) == sorted(
         f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS)
+
+
+def test_behind_the_gateway_a_heads_port_admits_the_gateway_host_alone_and_the_playbooks_ask_from_the_heads(
+        site, tmp_path):
+    gateway_host, head, worker = site.nodes["spark-0"], site.nodes["spark-2"], site.nodes["spark-3"]
+    # The gateway's host reaches the other group's head; that group's own worker and this controller get no answer
+    # (dropped, not refused); the controller's clients go through the gateway instead.
+    assert head_get(site.cluster, gateway_host, head, "/v1/models")[0] == "200"
+    assert head_get(site.cluster, worker, head, "/v1/models", connect_timeout=2)[0] == "000"
+    with pytest.raises(TimeoutError):
+        socket.create_connection((head.mgmt_ip, 30000), timeout=2).close()
+    assert site.ask()
+    rules = sh(head, "cat /etc/nftables.d/spark_llm_guard.nft")
+    assert f"# HTTP port 30000: only spark-0 ({gateway_host.mgmt_ip}) (the model gateway fronts the heads)." in rules
+    # So verify asked each group from its head (the gateway from here), status and the benchmark likewise.
+    reports = [json.loads(p.read_text()) for p in Path(site.vars["verify_report_dir"]).glob("verify-replica_*.json")]
+    assert {r["asked_from"] for r in reports} == {"spark-0", "spark-2"}, [r["asked_from"] for r in reports]
+    assert {r["endpoint"] for r in reports} == {"http://127.0.0.1:30000"} and all(r["ok"] for r in reports)
+    status = site.play("playbooks/status.yml")
+    assert status.rc == 0, status.failure_messages() or status.stdout[-3000:]
+    lines = {h: r["msg"] for h, r in status.results("Show one line per node").items()}
+    assert all("endpoint healthy, serves /models/glm53" in lines[h] for h in ("spark-0", "spark-2")), lines
+    bench = site.play("playbooks/benchmark.yml", limit="replica_b", benchmark_concurrency=[1, 2],
+                      benchmark_prompts=["short"], benchmark_recall=False, benchmark_chart=False, benchmark_max_tokens=8,
+                      benchmark_rounds=1, benchmark_min_requests=1, benchmark_report_dir=str(tmp_path),
+                      benchmark_report_name="replica_b")
+    assert bench.rc == 0, bench.failure_messages() or bench.stdout[-3000:]
+    report = json.loads((tmp_path / "replica_b.json").read_text())
+    assert (report["meta"]["asked_from"], report["meta"]["endpoint"]) == ("spark-2", "http://127.0.0.1:30000")
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2], report["levels"]
+    assert all(lv["summary"]["ok"] == lv["summary"]["requests"] > 0 for lv in report["levels"]), report["levels"]
+    assert sh(head, "ls -d /tmp/spark-llm-benchmark-* 2>/dev/null || true").strip() == ""
 
 
 def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(site):

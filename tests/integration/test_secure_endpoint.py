@@ -31,12 +31,7 @@ NGINX_CONF = "/etc/nginx/conf.d/spark-llm.conf"
 
 
 def sh(node, command, check=True, stdin=None):
-    if stdin is None:
-        return sim.ssh(node, command, check=check, timeout=120)
-    proc = subprocess.run([*sim.ssh_base(node), command], input=stdin, capture_output=True, text=True, timeout=120)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{node.name}: {command!r} failed: {proc.stderr}")
-    return proc.stdout
+    return sim.ssh(node, command, check=check, timeout=120, stdin=stdin)
 
 
 def curl(url, *args, key=None):
@@ -266,6 +261,23 @@ def test_the_gateway_metrics_reach_the_monitoring_host_only(site, gateway):
     assert status == "000"
 
 
+def test_behind_the_gateway_verify_asks_the_head_from_itself_over_tls_and_the_gateway_from_here(site, gateway,
+                                                                                                tmp_path):
+    result = run_playbook("playbooks/verify.yml", site["cluster"].inventory,
+                          extravars={**TLS, "verify_report_dir": str(tmp_path)})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    reports = {p.name.startswith("verify-gateway-"): json.loads(p.read_text()) for p in tmp_path.glob("verify-*.json")}
+    head, through = reports[False], reports[True]
+    # The head's port admits the gateway's host alone: the group is asked on the head's loopback, over TLS, its
+    # chain checked against the generated CA (the controller's file, whose text went along).
+    assert (head["asked_from"], head["endpoint"]) == ("spark-0", "https://127.0.0.1:30000")
+    checks = {c["name"]: c for c in head["checks"]}
+    assert checks["tls"]["ok"] and f"chain verifies against {site['ca']}" in checks["tls"]["detail"], checks["tls"]
+    assert all(c["ok"] for c in head["checks"]), head["checks"]
+    assert (through["asked_from"], through["endpoint"], through["ok"]) == ("localhost", gateway["url"], True)
+    assert site["key"] not in json.dumps(result.events) and site["key"] not in json.dumps(reports)
+
+
 def test_the_gateway_key_is_on_no_command_line_and_in_no_unit_or_settings_file(site, gateway):
     node, key = gateway["node"], site["key"]
     # Every process's command line and environment (the launcher's own, renamed smg::router by smg).
@@ -292,14 +304,22 @@ def test_a_second_gateway_run_changes_nothing(gateway):
     assert [f"{d['host']}: {d['task']}" for d in gateway["second"].changed] == []
 
 
-def test_turning_tls_off_gives_the_port_back_to_sglang(site):
+def test_turning_tls_off_gives_the_port_back_to_sglang(site, gateway):
     head, key = site["head"], site["key"]
     result = run_playbook("playbooks/server.yml", site["cluster"].inventory,
                           extravars={**TLS, "server_tls": False})
     assert result.rc == 0, result.stdout[-4000:]
     assert sh(head, f"test -e {NGINX_CONF} && echo there || echo gone").strip() == "gone"
-    # The run ended once the head listed the model on server_port again.
+    # The run ended once the head listed the model on server_port again. Asked from the gateway's host: while the
+    # gateway fronts the head, the head's port admits that host, not this controller.
     url = f"http://{head.mgmt_ip}:30000/v1/models"
-    assert curl(url, key=key)[0] == "200"
-    assert curl(url)[0] == "401"
-    assert curl(url.replace("http://", "https://"), "--cacert", site["ca"])[0] == "000"
+    node = gateway["node"]
+
+    def status(target, key=None):
+        return sh(node, f"curl -s -o /dev/null --max-time 30 -w '%{{http_code}}' -H @- {target}",
+                  check=False, stdin=f"Authorization: Bearer {key}\n" if key else "X-No-Key: 1\n")
+
+    assert status(url, key) == "200"
+    assert status(url) == "401"
+    assert status(url.replace("http://", "https://")) == "000"
+    assert curl(url, "--connect-timeout", "3", key=key)[0] == "000"
