@@ -420,8 +420,9 @@ def firewall_plan(ctx, hostvars=None):
     client_nets = list(nets or [])
     client_source = clients_source
     # The HTTP port admits the hosts named too (the monitoring host scrapes /metrics there).
-    named_http = [(h, named_address(h, "spark_monitor")) for h in ctx.get("http_client_hosts") or []]
-    extra = [a for _, a in named_http if a]
+    http_hosts = list(ctx.get("http_client_hosts") or [])
+    http_addresses = [named_address(h, "spark_monitor") for h in http_hosts]
+    extra = [a for a in http_addresses if a]
     if hosts_only:
         # Behind the model gateway the heads serve the gateway (and the monitoring host), not the clients: their
         # port admits those hosts and the networks named for direct use, and nothing by default.
@@ -429,12 +430,12 @@ def firewall_plan(ctx, hostvars=None):
         direct = _networks(ctx.get("http_extra_clients"), extra_var, errors, empty="nobody")
         nets = list(direct or [])
         nets += [ipaddress.ip_network(_host_prefix(a)) for a in dict.fromkeys(extra) if not any(a in n for n in nets)]
-        clients_source = "only " + ", ".join(f"{h} ({a})" if a else h for h, a in named_http) \
+        clients_source = "only " + ", ".join(f"{h} ({a})" if a else h for h, a in zip(http_hosts, http_addresses, strict=True)) \
             + (f" and {extra_var} {inputs.shown([str(n) for n in direct])}" if direct else "") \
             + " (the model gateway fronts the heads)"
-        if not named_http and not direct:
+        if not http_hosts and not direct:
             clients_source = "nobody but loopback (the model gateway fronts the heads)"
-        default_subnet, known = None, direct is not None and all(a for _, a in named_http)
+        default_subnet, known = None, direct is not None and all(http_addresses)
     elif nets is not None and extra and is_head:
         nets = nets + [ipaddress.ip_network(_host_prefix(a)) for a in extra if not any(a in n for n in nets)]
         clients_source += " and the monitoring host " + ", ".join(str(a) for a in extra)
