@@ -127,15 +127,22 @@ def benchmark_cells(s, slurped, model):
     """The plan: server settings, levels and, per prompt size and level, the requests to send.
 
     The context and the concurrency cap are the engine's flags in what the head runs (`model`, the site's
-    flag model: SGLang's context-length and max-running-requests, vLLM's max-model-len and max-num-seqs)."""
-    args = _server_args(slurped)
+    flag model: SGLang's context-length and max-running-requests, vLLM's max-model-len and max-num-seqs).
+    `slurped` is one head's server-args.json as slurped, or a list of them for an endpoint in front of several
+    heads (the model gateway's): their caps add up, and the smallest context is the one every request fits."""
     problems = []
     ctx_name, cap_name = (capacity_flag(model, role)["name"] for role in CAPACITY_ROLES)
-    context = _count(s.get("context_length")) or _count(args.get(ctx_name))
-    limit = _count(s.get("max_running_requests")) or _count(args.get(cap_name))
+    slurps = slurped if isinstance(slurped, list) else [slurped]
+    parsed = [_server_args(one) for one in slurps]
+    contexts = [_count(args.get(ctx_name)) for args in parsed]
+    caps = [_count(args.get(cap_name)) for args in parsed]
+    context = _count(s.get("context_length")) or (min(contexts) if all(contexts) else None)
+    limit = _count(s.get("max_running_requests")) or (sum(caps) if all(caps) else None)
     if not context or not limit:
-        where = (slurped or {}).get("source") or "the head's server-args.json"
-        reason = (slurped or {}).get("msg") or f"it names no --{ctx_name} or --{cap_name}"
+        unread = next(((one or {}) for one, args in zip(slurps, parsed, strict=True)
+                       if not args.get(ctx_name) or not args.get(cap_name)), {})
+        where = unread.get("source") or "the head's server-args.json"
+        reason = unread.get("msg") or f"it names no --{ctx_name} or --{cap_name}"
         problems.append(f"the server's {ctx_name} and {cap_name} are unknown: {where} could not be read "
                         f"({str(reason).strip()}). Fix: deploy with playbooks/server.yml, or set "
                         "benchmark_context_length and benchmark_max_running_requests to the server's values.")

@@ -268,16 +268,31 @@ def test_behind_the_gateway_a_heads_port_admits_the_gateway_host_alone_and_the_p
     assert status.rc == 0, status.failure_messages() or status.stdout[-3000:]
     lines = {h: r["msg"] for h, r in status.results("Show one line per node").items()}
     assert all("endpoint healthy, serves /models/glm53" in lines[h] for h in ("spark-0", "spark-2")), lines
-    bench = site.play("playbooks/benchmark.yml", limit="replica_b", benchmark_concurrency=[1, 2],
-                      benchmark_prompts=["short"], benchmark_recall=False, benchmark_chart=False, benchmark_max_tokens=8,
-                      benchmark_rounds=1, benchmark_min_requests=1, benchmark_report_dir=str(tmp_path),
-                      benchmark_report_name="replica_b")
+    # The benchmark: one group named, from its head; without a name, the gateway's endpoint from here, its levels up
+    # to the sum of what the heads run (in file order replica_a runs 1 since the changed flag above, replica_b 2)
+    # and one beyond.
+    small = {"benchmark_prompts": ["short"], "benchmark_recall": False, "benchmark_chart": False,
+             "benchmark_max_tokens": 8, "benchmark_rounds": 1, "benchmark_min_requests": 1,
+             "benchmark_report_dir": str(tmp_path)}
+    bench = site.play("playbooks/benchmark.yml", benchmark_group="replica_b", benchmark_concurrency=[1, 2], **small)
     assert bench.rc == 0, bench.failure_messages() or bench.stdout[-3000:]
-    report = json.loads((tmp_path / "replica_b.json").read_text())
+    (report,) = [json.loads(p.read_text()) for p in tmp_path.glob("benchmark-*.json")]
     assert (report["meta"]["asked_from"], report["meta"]["endpoint"]) == ("spark-2", "http://127.0.0.1:30000")
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 2], report["levels"]
     assert all(lv["summary"]["ok"] == lv["summary"]["requests"] > 0 for lv in report["levels"]), report["levels"]
     assert sh(head, "ls -d /tmp/spark-llm-benchmark-* 2>/dev/null || true").strip() == ""
+    through = site.play("playbooks/benchmark.yml", **small)
+    assert through.rc == 0, through.failure_messages() or through.stdout[-3000:]
+    (report,) = [json.loads(p.read_text()) for p in tmp_path.glob("benchmark-gateway-*.json")]
+    assert (report["meta"]["asked_from"], report["meta"]["endpoint"]) == ("localhost", f"http://{site.gateway}")
+    caps = sum(int(flag(args_of(site.nodes[GROUPS[g][0]]), "--max-running-requests")) for g in GROUPS)
+    assert int(report["meta"]["max_running_requests"]) == caps
+    assert [lv["concurrency"] for lv in report["levels"]] == sorted({1, 2, caps, caps + 1}), report["levels"]
+    assert all(lv["summary"]["ok"] == lv["summary"]["requests"] > 0 for lv in report["levels"]), report["levels"]
+    assert len(list(tmp_path.glob("benchmark-*.json"))) == 2, "no group of its own measured beside the gateway"
+    refused = site.play("playbooks/benchmark.yml", benchmark_group="replica_c", **small)
+    assert refused.rc != 0 and "benchmark_group = 'replica_c': the site has no TP group of that name. Fix: one of " \
+        "replica_a, replica_b" in refused.failure_messages(), refused.failure_messages()
 
 
 def test_a_killed_rank_costs_the_gateway_only_what_was_in_flight_on_its_group(site):

@@ -158,6 +158,19 @@ def test_the_plan_follows_what_the_head_runs_and_respects_the_request_cap():
     assert plan["recall"]["prompt_tokens"] == int(131072 * 0.9)
 
 
+def test_in_front_of_several_heads_their_caps_add_up_and_the_smallest_context_holds():
+    """The model gateway's endpoint: every group's head read, as benchmark_heads names them."""
+    a = ["--model-path", "/models/glm53", "--context-length", "131072", "--max-running-requests", "2"]
+    b = ["--model-path", "/models/glm53", "--context-length", "65536", "--max-running-requests", "2"]
+    plan = BENCH.benchmark_cells(SETTINGS, [slurped(a), slurped(b)], MODEL)
+    assert plan["problems"] == [] and (plan["max_running_requests"], plan["context_length"]) == (4, 65536)
+    assert plan["levels"] == [1, 2, 4, 5]
+    gone = {"failed": True, "msg": "file not found", "source": "/etc/spark-llm/server-args.json on spark-2"}
+    refused = BENCH.benchmark_cells(SETTINGS, [slurped(a), gone], MODEL)["problems"]
+    assert len(refused) == 1 and "/etc/spark-llm/server-args.json on spark-2 could not be read (file not found)" \
+        in refused[0], refused
+
+
 def test_on_vllm_the_plan_follows_max_num_seqs_and_max_model_len():
     vllm = flag_models()["vllm"]
     args = ["/models/glm53", "--tensor-parallel-size", "2", "--max-model-len", "32768", "--max-num-seqs", "4",
