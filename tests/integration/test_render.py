@@ -588,6 +588,8 @@ def test_the_two_group_example_renders_each_group_meeting_at_its_own_head(tmp_pa
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     # One group per batch: the second group's run did not prune the first group's renders.
     assert sorted(p.name for p in out.iterdir()) == ["spark-0", "spark-1", "spark-2", "spark-3"]
+    # The gateway's unit and settings beside spark-0's own (server_render_dir holds every render).
+    assert {"spark-llm-gateway.service", "gateway.json", "spark-llm.service"} <= {p.name for p in (out / "spark-0").iterdir()}
     for head, worker, fabric in (("spark-0", "spark-1", "192.168.100.10"), ("spark-2", "spark-3", "192.168.110.12")):
         for rank, host in enumerate((head, worker)):
             tail = _args(out, host)
