@@ -378,6 +378,7 @@ def firewall_plan(ctx, hostvars=None):
         errors.append(f"firewall_http_hosts_only = {inputs.shown(hosts_only)}: must be true or false. Fix: a YAML "
                       "boolean.")
         hosts_only = False
+    direct = None  # the networks named for direct use, while hosts_only
 
     allowed_var = names["allowed_clients"]
     raw_allowed = ctx.get("allowed_clients")
@@ -526,7 +527,7 @@ def firewall_plan(ctx, hostvars=None):
             verdict, rule = firewall_verdict(plan, packet)
             if verdict == "drop" and hosts_only:
                 extra_var = names["http_extra_clients"]
-                given = [str(n) for n in _networks(ctx.get("http_extra_clients"), extra_var, []) or []]
+                given = [str(n) for n in direct or []]
                 errors.append(
                     f"verify_run_on = controller: the head's HTTP port admits {clients_source}, not the controller "
                     f"({head_controller}: {head_how}), which would ask http://{head_address}:{http_port} in "
