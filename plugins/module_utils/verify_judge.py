@@ -72,6 +72,22 @@ CORRUPTION_FIX = (
     "deep-verify the checkpoint (checkpoint_deep_verify: true with playbooks/checkpoint.yml; "
     "model-input-scales.safetensors fetched before 2026-08-30 must be fetched again), and keep kv-cache-dtype bfloat16"
 )
+# The corruption gate's prompts: the scripts and formats in which a build's broken tokens show (the field report:
+# U+FFFD now and then, a few bad characters per Korean answer where an English one has none), each asked
+# gate_rounds times. The tool call is the tool-call check's own question.
+GATE_PROMPTS = {
+    "chinese": "\u7528\u4e24\u53e5\u8bdd\u4ecb\u7ecd\u957f\u57ce\u7684\u5386\u53f2\u3002",
+    "korean": "\ud55c\uad6d\uc758 \uc0ac\uacc4\uc808\uc5d0 \ub300\ud574 \ub450 \ubb38\uc7a5\uc73c\ub85c "
+              "\uc124\uba85\ud574 \uc8fc\uc138\uc694.",
+    "code": "Write a short Python function that reverses a string, with a docstring.",
+    "json": 'Reply with only a JSON object {"city": ..., "country": ...} naming the capital of Japan.',
+    "tool_call": TOOL_PROMPT,
+}
+GATE_FIX = (
+    "switch to a checkpoint build that does not emit them (checkpoint_repo_id and checkpoint_revision; the README "
+    "names the builds known to work), or to the image before this change; the thresholds are verify_max_fffd_rate "
+    "and verify_max_bad_tool_call_rate, the questions' number verify_gate_rounds"
+)
 THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
 RAW_TOOL_MARKUP = re.compile(r"<\s*/?\s*(tool_call|arg_key|arg_value)\b|\bget_weather\s*[({<]", re.IGNORECASE)
 
@@ -322,6 +338,115 @@ def judge_sanity(exchanges):
     return check("sanity", True, f"no U+FFFD in {answered} answer(s)")
 
 
+def bad_characters(text):
+    """The characters no clean generation holds: U+FFFD, control characters other than tab and line breaks, lone
+    surrogates and the noncharacters U+FFFE/U+FFFF."""
+    bad = 0
+    for ch in text:
+        cp = ord(ch)
+        if (ch == REPLACEMENT or (cp < 32 and ch not in "\t\n\r") or 0x7F <= cp <= 0x9F or 0xD800 <= cp <= 0xDFFF
+                or cp in (0xFFFE, 0xFFFF)):
+            bad += 1
+    return bad
+
+
+def _generated(exchange):
+    """What the model wrote in one answer: content, reasoning and tool-call arguments (parsed fields), and the
+    raw body's U+FFFD (bytes that were not UTF-8 decode to it)."""
+    message = _message(exchange)[0] or {}
+    texts = [message.get("content"), message.get("reasoning_content"), message.get("reasoning")]
+    calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    texts += [(call.get("function") or {}).get("arguments") for call in calls if isinstance(call, dict)]
+    return [t for t in texts if isinstance(t, str)], calls
+
+
+def _call_parses(call, tool_name):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or function.get("name") != tool_name:
+        return False
+    try:
+        return isinstance(json.loads(function.get("arguments") or ""), dict)
+    except (TypeError, ValueError):
+        return False
+
+
+def judge_gate(asked, thresholds, tool_name=TOOL["function"]["name"]):
+    """The corruption gate: over every answer of the run, grouped by question ({kind: [exchange, ...]}), the share of
+    answers holding a replacement or invalid character (fffd_rate) and of tool calls that do not parse
+    (bad_tool_call_rate), each against its threshold (max_fffd_rate, max_bad_tool_call_rate)."""
+    by_prompt = {}
+    answers = corrupt = characters = bad_total = calls_seen = bad_calls = questions = 0
+    unanswered = []
+    for kind, exchanges in asked.items():
+        row = {"asked": len(exchanges), "answers": 0, "corrupt_answers": 0, "bad_characters": 0}
+        questions += len(exchanges)
+        for exchange in exchanges:
+            if not exchange or exchange.get("status") != 200 or not isinstance(exchange.get("json"), dict):
+                unanswered.append(f"{kind}: {_answer(exchange)}")
+                continue
+            texts, calls = _generated(exchange)
+            bad = sum(bad_characters(t) for t in texts)
+            raw = (exchange.get("body_text") or "").count(REPLACEMENT)
+            bad = max(bad, raw)
+            row["answers"] += 1
+            row["bad_characters"] += bad
+            row["corrupt_answers"] += 1 if bad else 0
+            characters += sum(len(t) for t in texts)
+            content = (_message(exchange)[0] or {}).get("content") or ""
+            if kind == "tool_call" and (calls or RAW_TOOL_MARKUP.search(content)):
+                row.setdefault("tool_calls", 0)
+                row.setdefault("bad_tool_calls", 0)
+                parsed = bool(calls) and all(_call_parses(call, tool_name) for call in calls)
+                row["tool_calls"] += 1
+                row["bad_tool_calls"] += 0 if parsed else 1
+        answers += row["answers"]
+        corrupt += row["corrupt_answers"]
+        bad_total += row["bad_characters"]
+        calls_seen += row.get("tool_calls", 0)
+        bad_calls += row.get("bad_tool_calls", 0)
+        by_prompt[kind] = row
+    fffd_rate = round(corrupt / answers, 4) if answers else None
+    tool_rate = round(bad_calls / calls_seen, 4) if calls_seen else 0.0
+    figures = {
+        "questions": questions, "answers": answers, "corrupt_answers": corrupt, "bad_characters": bad_total,
+        "characters": characters,
+        "fffd_rate": fffd_rate, "tool_calls": calls_seen, "bad_tool_calls": bad_calls, "bad_tool_call_rate": tool_rate,
+        "max_fffd_rate": thresholds["max_fffd_rate"], "max_bad_tool_call_rate": thresholds["max_bad_tool_call_rate"],
+        "by_prompt": by_prompt,
+    }
+    if not answers:
+        result = check("gate", False, "no answer to inspect", "the endpoint did not answer the gate's questions",
+                       "run playbooks/doctor.yml")
+        result["figures"] = figures
+        return result
+    where = ", ".join(f"{kind} {row['corrupt_answers']} of {row['answers']}" for kind, row in by_prompt.items()
+                      if row["corrupt_answers"])
+    detail = (f"{corrupt} of {answers} answers with replacement or invalid characters (rate {fffd_rate:g}, "
+              f"at most {thresholds['max_fffd_rate']:g}), {bad_calls} of {calls_seen} tool calls that do not parse "
+              f"(rate {tool_rate:g}, at most {thresholds['max_bad_tool_call_rate']:g})")
+    broken = []
+    if fffd_rate > thresholds["max_fffd_rate"]:
+        broken.append(f"replacement or invalid characters in {where} ({bad_total} character{'' if bad_total == 1 else 's'})")
+    if tool_rate > thresholds["max_bad_tool_call_rate"]:
+        broken.append(f"tool calls whose arguments are no JSON object for {tool_name}")
+    if unanswered:
+        detail += f"; {len(unanswered)} of {questions} questions got no answer (first: {unanswered[0]})"
+    if broken:
+        result = check("gate", False, detail,
+                       "the build or the image emits broken tokens: " + "; ".join(broken)
+                       + " (the known corruption of this checkpoint family shows in some scripts and not in others)",
+                       CORRUPTION_FIX + "; or " + GATE_FIX)
+    elif unanswered:
+        result = check("gate", False, detail,
+                       "the engine failed or timed out on some of the gate's questions: the rates stand on fewer answers",
+                       "run playbooks/doctor.yml and playbooks/status.yml; raise verify_request_timeout if the answers "
+                       "only came late")
+    else:
+        result = check("gate", True, detail)
+    result["figures"] = figures
+    return result
+
+
 def _answer(exchange):
     """How a request ended, in a few words: `HTTP 401`, or the transport error."""
     if not exchange:
@@ -417,9 +542,11 @@ def judge_tls(exchanges, access):
     )
 
 
-def judge_all(exchanges, expected_model, access=None, engine="sglang"):
+def judge_all(exchanges, expected_model, access=None, engine="sglang", gate=None):
     """All checks in table order from the recorded exchanges {models, reasoning, tool_call, ...}.
 
+    With ``gate`` ({rounds, max_fffd_rate, max_bad_tool_call_rate}, rounds above 0) the gate row judges every answer:
+    the seed and tool-call questions' and the gate's own (exchanges ``gate:<kind>:<n>``).
     With ``access`` (what the deployment promises: see judge_auth, plus ``tls`` and ``ca``) the auth row and,
     with TLS, the tls row follow. ``engine`` (sglang, vllm) chooses the diagnoses and fixes that differ.
     """
@@ -430,6 +557,12 @@ def judge_all(exchanges, expected_model, access=None, engine="sglang"):
         judge_tool_call(exchanges.get("tool_call"), engine=engine),
         judge_sanity([exchanges.get(k) for k in ("models", "reasoning", "tool_call")]),
     ]
+    if gate and gate.get("rounds", 0) > 0:
+        asked = {"seed": [exchanges.get("reasoning")], "tool_call": [exchanges.get("tool_call")]}
+        for name, exchange in exchanges.items():
+            if name.startswith("gate:"):
+                asked.setdefault(name.split(":")[1], []).append(exchange)
+        results.append(judge_gate(asked, gate))
     if access is not None:
         results.append(judge_auth(exchanges, access))
         if access.get("tls"):
@@ -454,6 +587,18 @@ def table(results):
 
 def reasoning_request(model, max_tokens):
     return {"model": model, "messages": [{"role": "user", "content": SEED_PROMPT}], "max_tokens": max_tokens}
+
+
+def gate_requests(model, max_tokens, rounds, tool_max_tokens=None):
+    """The gate's questions, {gate:<kind>:<n>: request}: each prompt of GATE_PROMPTS asked `rounds` times; the tool
+    call with the tool-call check's budget (a thinking model writes its call after its thoughts)."""
+    asked = {}
+    for n in range(rounds):
+        for kind, prompt in GATE_PROMPTS.items():
+            request = tool_request(model, tool_max_tokens or max_tokens) if kind == "tool_call" else {
+                "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+            asked[f"gate:{kind}:{n}"] = request
+    return asked
 
 
 def tool_request(model, max_tokens):

@@ -77,6 +77,26 @@ options:
     type: str
     default: models
     choices: [models, generation]
+  gate_rounds:
+    description:
+      - The corruption gate - each of its questions (Chinese, Korean, code, JSON and the tool call) asked this many
+        times beside the checks' own; 0 leaves the gate out.
+      - The gate row counts, over every answer, those with a replacement (U+FFFD) or invalid character and the tool
+        calls whose arguments do not parse, per question and as rates against the two thresholds below.
+    type: int
+    default: 0
+  gate_max_tokens:
+    description: Token budget of each gate question but the tool call (which has max_tokens).
+    type: int
+    default: 256
+  max_fffd_rate:
+    description: The share of answers (0 to 1) that may hold a replacement or invalid character.
+    type: float
+    default: 0.0
+  max_bad_tool_call_rate:
+    description: The share of tool calls (0 to 1) whose arguments may fail to parse as a JSON object.
+    type: float
+    default: 0.0
 author: LLM serving maintainers (@dgx-spark)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -140,6 +160,7 @@ from urllib.parse import urlsplit
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import Request, make_context
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.verify_judge import (
+    gate_requests,
     judge_all,
     reasoning_request,
     tool_request,
@@ -213,6 +234,10 @@ def main():
             "ca_data": {"type": "str", "default": ""},
             "engine": {"type": "str", "default": "sglang", "choices": ["sglang", "vllm"]},
             "auth_probe": {"type": "str", "default": "models", "choices": ["models", "generation"]},
+            "gate_rounds": {"type": "int", "default": 0},
+            "gate_max_tokens": {"type": "int", "default": 256, "no_log": False},
+            "max_fffd_rate": {"type": "float", "default": 0.0},
+            "max_bad_tool_call_rate": {"type": "float", "default": 0.0},
         },
         supports_check_mode=True,
     )
@@ -241,6 +266,10 @@ def main():
     if reachable:
         asked["reasoning"] = ("POST", base + "/v1/chat/completions", reasoning_request(model, module.params["max_tokens"]), KEEP)
         asked["tool_call"] = ("POST", base + "/v1/chat/completions", tool_request(model, module.params["max_tokens"]), KEEP)
+        # The corruption gate's questions, asked with the others: the engine queues what its batch cannot hold.
+        for name, request in gate_requests(model, module.params["gate_max_tokens"], module.params["gate_rounds"],
+                                           module.params["max_tokens"]).items():
+            asked[name] = ("POST", base + "/v1/chat/completions", request, KEEP)
     # Who is served: no key, and a key that is not the served one (random, so it is nobody's).
     if module.params["auth_probe"] == "generation":
         refused = ("POST", base + "/v1/chat/completions",
@@ -253,7 +282,9 @@ def main():
     if tls:
         # Without the key: a key must never cross the network in clear text.
         asked["plain_http"] = ("GET", "http://" + base[len("https://"):] + "/v1/models", None, "")
-    with ThreadPoolExecutor(max_workers=len(asked) + 1) as pool:
+    # At most eight at once: the gate's questions would otherwise open dozens of connections (the engine queues
+    # beyond its batch either way).
+    with ThreadPoolExecutor(max_workers=min(len(asked) + 1, 8)) as pool:
         answers = {name: pool.submit(_exchange, module, method, url, payload, key, context=context)
                    for name, (method, url, payload, key) in asked.items()}
         checked = pool.submit(_certificate, base, ca, module.params["timeout"]) if tls else None
@@ -261,8 +292,10 @@ def main():
         certificate = checked.result() if checked else None
     access = {"keyed": bool(module.params["api_key"]), "allow_unauthenticated": module.params["allow_unauthenticated"],
               "key_file": module.params["key_file"], "tls": tls, "ca": module.params["ca_path"]}
+    gate = {"rounds": module.params["gate_rounds"], "max_fffd_rate": module.params["max_fffd_rate"],
+            "max_bad_tool_call_rate": module.params["max_bad_tool_call_rate"]}
     verdict = judge_all({**exchanges, "certificate": certificate}, module.params["expected_model"], access,
-                        module.params["engine"])
+                        module.params["engine"], gate)
     limit = module.params["body_limit"]
     kept = {
         name: {

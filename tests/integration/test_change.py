@@ -36,9 +36,11 @@ FILES = {"unit": f"/etc/systemd/system/{UNIT}", "env": "/etc/spark-llm/spark-llm
 LAST_GOOD = "/etc/spark-llm/last-good"
 IMAGE = "lmsysorg/sglang:glm-5.3-flash-arm64"
 # Builds the stand-in registry serves: SGLang's default TileLang tile (too big for GB10's shared
-# memory), one that answers 17 x 23 wrongly, and a plain second tag.
+# memory), one that answers 17 x 23 wrongly and breaks Korean text, and a plain second tag.
 TILE, WRONG, V2 = f"{IMAGE}-tile", f"{IMAGE}-wrong", f"{IMAGE}-v2"
-BUILDS = {TILE: {"sglang": {"tilelang_tile": "default"}}, WRONG: {"sglang": {"output_corruption": "wrong-answer"}}}
+# The wrong build also breaks every Korean answer: the corruption gate fails it beside the seed's question.
+BUILDS = {TILE: {"sglang": {"tilelang_tile": "default"}},
+          WRONG: {"sglang": {"output_corruption": "wrong-answer", "corrupt_rate": 1.0, "corrupt_scripts": ["hangul"]}}}
 LEGACY = yaml.safe_load((REPO / "roles/spark/vars/main.yml").read_text())["spark_legacy_names"]
 # What each name of the collection's units and files is on a node: present or not, old name and new.
 LAYOUT = ("for p in /etc/systemd/system/sglang.service /etc/systemd/system/spark-llm.service /etc/sglang /etc/spark-llm "
@@ -264,12 +266,13 @@ def test_an_image_that_fails_verify_goes_back_and_the_last_good_configuration_ve
     result = site.play("playbooks/upgrade.yml", server_image=WRONG)
     assert_back_on_the_last_good_configuration(site, result, before)
     assert "What failed: verify failed: Verification of " in result.failure_messages()
-    assert "failed: reasoning" in result.failure_messages()
+    # The corruption gate is a verify check like the others: crossing it rolls the change back.
+    assert "failed: reasoning, gate" in result.failure_messages()
 
     verify = site.play("playbooks/verify.yml")
     assert verify.rc == 0, verify.failure_messages() or verify.stdout[-3000:]
     table = "\n".join(next(iter(verify.results("Show the verification table").values()))["msg"])
-    assert table.count("PASS") == 5, table
+    assert table.count("PASS") == 6, table
     assert verify.changed == [], "nothing was pending: the last good configuration serves"
 
 
@@ -401,7 +404,7 @@ def test_site_deploys_again_from_scratch_fetching_nothing_from_the_hub(site):
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     assert hub_bytes(site.cluster) == before
     table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
-    assert table.count("PASS") == 5, table
+    assert table.count("PASS") == 6, table
     # The fabric was configured again from scratch and proven: its figures are in verify's table and report.
     assert ("fabric: all-reduce across spark-0, spark-1 (1G messages): 23.19 GB/s bus bandwidth over NCCL's IB transport"
             in table), table

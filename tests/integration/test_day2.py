@@ -117,7 +117,7 @@ def test_verify_passes_on_the_deployed_group(deployed, restarted_under_limit):
     assert result.rc == 0, result.stdout[-3000:]
     data = json.loads(report.read_text())
     # Secure by default: the generated key is sent, and no key or a wrong one gets 401 (the auth row).
-    assert data["ok"] and [c["name"] for c in data["checks"]] == ["models", "reasoning", "tool_call", "sanity", "auth"]
+    assert data["ok"] and [c["name"] for c in data["checks"]] == ["models", "reasoning", "tool_call", "sanity", "gate", "auth"]
     assert data["endpoint"] == f"http://{deployed.nodes[0].mgmt_ip}:30000"
 
 
@@ -150,7 +150,7 @@ def test_restart_under_limit_restarts_every_rank_head_stopped_first_workers_star
     assert h_stop < w_stop, "head stopped first"
     assert w_start < h_start, "workers started first"
     table = "\n".join(result.results("Show the verification table")[worker.name]["msg"])
-    assert table.count("PASS") == 5, table
+    assert table.count("PASS") == 6, table
 
 
 def test_each_rank_start_drops_the_page_cache_first(deployed, restarted_under_limit):
@@ -181,7 +181,7 @@ def test_restart_brings_back_a_rank_whose_crash_loop_hit_the_start_limit(deploye
     assert result.rc == 0, result.stdout[-4000:]
     assert [unit_times(n)[2] for n in deployed.nodes] == ["active", "active"]
     table = "\n".join(result.results("Show the verification table")[head.name]["msg"])
-    assert table.count("PASS") == 5, table
+    assert table.count("PASS") == 6, table
 
 
 def test_stop_in_check_mode_changes_nothing(deployed):

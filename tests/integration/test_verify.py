@@ -159,9 +159,13 @@ def test_a_good_server_passes_every_check(good_run):
     assert report["ok"] is True
     assert all(c["ok"] for c in report["checks"]), report["checks"]
     table = "\n".join(result.results("Show the verification table")["spark-0"]["msg"])
-    for name in ("models", "reasoning", "tool_call", "sanity"):
+    for name in ("models", "reasoning", "tool_call", "sanity", "gate"):
         assert f"{name}" in table
-    assert table.count("PASS") == 4
+    assert table.count("PASS") == 5
+    # The corruption gate's questions, twice each (verify_gate_rounds), judged with the checks' own answers.
+    gate = report["gate"]
+    assert (gate["answers"], gate["corrupt_answers"], gate["tool_calls"], gate["bad_tool_calls"]) == (12, 0, 3, 0)
+    assert sorted(gate["by_prompt"]) == ["chinese", "code", "json", "korean", "seed", "tool_call"]
     # Served without a key, on purpose: a warning, not a pass.
     assert checks(report)["auth"]["warn"] is True and "WARN    served without an API key" in table
     assert report["exchanges"]["reasoning"]["body"]["choices"][0]["message"]["content"] == "391"
@@ -248,6 +252,60 @@ def test_corrupted_output_is_diagnosed(serve, local_inventory, tmp_path, case):
     assert "kv-cache-dtype bfloat16" in c[failing]["remedy"]
     # Only the corrupted part fails: the parsers are right.
     assert c["models"]["ok"] and all(c[name]["ok"] for name in ("reasoning", "tool_call") if name != failing)
+
+
+def test_the_gate_finds_korean_broken_now_and_then_that_the_english_check_never_sees(serve, local_inventory, tmp_path):
+    # The field report: a build that breaks a few characters of Korean answers now and then, English ones never.
+    port = serve(flags=GOOD, knobs={"corrupt_rate": 0.5, "corrupt_scripts": ["hangul"]})
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    c = checks(report)
+    assert all(c[name]["ok"] for name in ("models", "reasoning", "tool_call", "sanity")), report["checks"]
+    assert not c["gate"]["ok"]
+    korean = report["gate"]["by_prompt"]["korean"]
+    assert (korean["answers"], korean["corrupt_answers"]) == (2, 1) and report["gate"]["fffd_rate"] == round(1 / 12, 4)
+    assert "korean 1 of 2" in c["gate"]["diagnosis"] and "verify_max_fffd_rate" in c["gate"]["remedy"]
+    assert "Verification of" in result.failure_messages() and "gate" in result.failure_messages()
+    # The rate is what is judged: with a threshold above it, the next two Korean answers (one broken) pass.
+    result, report = verify(local_inventory, port, tmp_path, verify_max_fffd_rate=0.1)
+    assert result.rc == 0 and checks(report)["gate"]["ok"], report["checks"]
+    assert report["gate"]["by_prompt"]["korean"]["corrupt_answers"] == 1
+
+
+def test_the_gate_counts_tool_calls_that_do_not_parse(serve, local_inventory, tmp_path):
+    port = serve(flags=GOOD, knobs={"bad_tool_call_rate": 0.5})
+    result, report = verify(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    gate = checks(report)["gate"]
+    # Every tool call of the run, the tool-call check's and the gate's: the second of three broke.
+    assert not gate["ok"] and (report["gate"]["tool_calls"], report["gate"]["bad_tool_calls"]) == (3, 1)
+    assert report["gate"]["corrupt_answers"] == 0
+
+
+def test_the_quality_run_asks_ten_times_and_finds_what_one_answer_in_ten_breaks(serve, local_inventory, tmp_path):
+    # One Korean answer in ten broken: verify's two rounds would see none; quality.yml's ten see one.
+    port = serve(flags=GOOD, knobs={"corrupt_rate": 0.1, "corrupt_scripts": ["hangul"]})
+    result = run_playbook("playbooks/quality.yml", local_inventory, extravars={
+        "verify_port": port, "verify_report_dir": str(tmp_path / "reports"), "server_allow_unauthenticated": True})
+    assert result.rc != 0
+    assert "Verification of" in result.failure_messages() and "gate" in result.failure_messages()
+    (written,) = (tmp_path / "reports").glob("quality-*.json")
+    gate = json.loads(written.read_text())["gate"]
+    assert (gate["answers"], gate["corrupt_answers"]) == (52, 1) and gate["by_prompt"]["korean"]["answers"] == 10
+    assert result.changed == []
+
+
+def test_bad_gate_settings_are_refused_before_any_question(serve, local_inventory, tmp_path):
+    port = serve(flags=GOOD)
+    report = tmp_path / "report.json"
+    result = run_playbook("playbooks/verify.yml", local_inventory, extravars={
+        "verify_port": port, "verify_report_path": str(report), "server_allow_unauthenticated": True,
+        "verify_max_fffd_rate": 5, "verify_gate_rounds": -1})
+    assert result.rc != 0 and not report.exists()
+    said = result.failure_messages()
+    assert "Refusing the verify settings of spark-0:" in said
+    assert "verify_max_fffd_rate = 5: must be a share from 0 to 1" in said
+    assert "verify_gate_rounds = -1: must be a whole number from 0" in said
 
 
 def test_unreachable_endpoint_fails_with_a_pointer(local_inventory, tmp_path):

@@ -67,7 +67,7 @@ class Site:
         result = result or self.play("playbooks/verify.yml")
         assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
         table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
-        assert table.count("PASS") == 5 and "FAIL" not in table, table
+        assert table.count("PASS") == 6 and "FAIL" not in table, table
         return table
 
 

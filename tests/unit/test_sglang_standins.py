@@ -383,6 +383,23 @@ def test_output_corruption_knob(serve, tmp_path, corruption, broken):
     assert not broken(http(port, "/v1/chat/completions", body)[1])
 
 
+def test_a_build_that_breaks_korean_now_and_then_breaks_exactly_its_share(serve, tmp_path):
+    port, _ = serve(root=knob_root(tmp_path, {"corrupt_rate": 0.5, "corrupt_scripts": ["hangul"],
+                                             "bad_tool_call_rate": 0.5}))
+    korean = {**ASK, "messages": [{"role": "user", "content": "한국의 사계절을 설명해 주세요."}]}
+    chinese = {**ASK, "messages": [{"role": "user", "content": "介绍长城。"}]}
+
+    def broken(body):
+        return "\ufffd" in json.dumps(http(port, "/v1/chat/completions", body)[1], ensure_ascii=False)
+
+    # Every second answer that holds Hangul; the Chinese and English ones never (nor do they count).
+    assert [broken(korean) for _ in range(4)] == [False, True, False, True]
+    assert not broken(chinese) and not broken(ASK)
+    calls = [http(port, "/v1/chat/completions", {**ASK, "tools": TOOLS})[1]["choices"][0]["message"]["tool_calls"][0]
+             for _ in range(2)]
+    assert [c["function"]["arguments"] for c in calls] == ['{"city": "Beijing"}', '{"city": "Beijing"']
+
+
 def test_log_requests_logs_what_was_asked(serve):
     said = {**ASK, "messages": [{"role": "user", "content": "token hf_x in a prompt"}]}
     logged = {}

@@ -237,3 +237,90 @@ def test_vllm_s_400_to_a_tool_request_names_auto_tool_choice():
     other = {**VLLM_NO_AUTO_TOOL, "body_text": '{"message": "bad"}'}
     assert judge.judge_tool_call(other, engine="vllm")["diagnosis"] == "the server refused or failed the request"
     assert "--enable-auto-tool-choice" in judge.judge_tool_call(GLM_PARSER, engine="vllm")["remedy"]
+
+
+# ---- the corruption gate ------------------------------------------------------------------------------------------
+
+GATE = {"rounds": 2, "max_fffd_rate": 0.0, "max_bad_tool_call_rate": 0.0}
+KOREAN = chat({"role": "assistant", "content": "한국에는 봄, 여름, 가을, 겨울이 있습니다.",
+               "reasoning_content": "사계절을 설명한다."})
+# The field report's fingerprint: a few characters of a Korean answer broken, the English ones clean.
+KOREAN_BROKEN = chat({"role": "assistant", "content": "한국에는 봄, \ufffd름, 가을, 겨울이 있습니다.",
+                      "reasoning_content": "사계절을 설\ufffd한다."})
+CHINESE = chat({"role": "assistant", "content": "长城是中国古代的军事防御工程。"})
+CODE = chat({"role": "assistant", "content": 'def reverse(s):\n    """Reverse s."""\n    return s[::-1]\n'})
+
+
+def gate_exchanges(korean=(KOREAN, KOREAN), tool=None):
+    exchanges = {"models": MODELS, "reasoning": GOOD_REASONING, "tool_call": GOOD_TOOL}
+    for n in range(2):
+        exchanges.update({f"gate:chinese:{n}": CHINESE, f"gate:korean:{n}": korean[n], f"gate:code:{n}": CODE,
+                          f"gate:json:{n}": chat({"role": "assistant", "content": '{"city": "Tokyo", "country": "Japan"}'}),
+                          f"gate:tool_call:{n}": (tool or (GOOD_TOOL, GOOD_TOOL))[n]})
+    return exchanges
+
+
+def gate_row(exchanges, **thresholds):
+    verdict = judge.judge_all(exchanges, "glm53", gate={**GATE, **thresholds})
+    return {c["name"]: c for c in verdict["checks"]}["gate"], verdict
+
+
+def test_the_gate_passes_clean_answers_in_every_script_and_counts_them():
+    row, verdict = gate_row(gate_exchanges())
+    assert row["ok"] and verdict["ok"], row
+    figures = row["figures"]
+    # The seed and tool-call checks' answers and the gate's own: 2 + 5 questions x 2 rounds.
+    assert (figures["answers"], figures["corrupt_answers"], figures["fffd_rate"]) == (12, 0, 0.0)
+    assert (figures["tool_calls"], figures["bad_tool_calls"], figures["bad_tool_call_rate"]) == (3, 0, 0.0)
+    assert set(figures["by_prompt"]) == {"seed", "tool_call", "chinese", "korean", "code", "json"}
+
+
+def test_korean_broken_now_and_then_fails_the_gate_where_the_english_sanity_check_passes():
+    row, verdict = gate_row(gate_exchanges(korean=(KOREAN, KOREAN_BROKEN)))
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["sanity"]["ok"]  # the seed's one short English answer shows nothing
+    assert not row["ok"] and not verdict["ok"]
+    assert row["figures"]["by_prompt"]["korean"] == {"asked": 2, "answers": 2, "corrupt_answers": 1, "bad_characters": 2}
+    assert row["figures"]["fffd_rate"] == round(1 / 12, 4)
+    assert "korean 1 of 2" in row["diagnosis"] and "2 characters" in row["diagnosis"]
+    assert "checkpoint_repo_id" in row["remedy"] and "verify_max_fffd_rate" in row["remedy"]
+    # A threshold above the rate lets it pass: the rate is what is judged, not a single character.
+    assert gate_row(gate_exchanges(korean=(KOREAN, KOREAN_BROKEN)), max_fffd_rate=0.1)[0]["ok"]
+
+
+def test_control_characters_and_lone_surrogates_count_as_invalid():
+    assert judge.bad_characters("ok\tline\n\r") == 0
+    assert judge.bad_characters("a\x00b\x1bc\x85\ud800\uffff\ufffd") == 6
+
+
+def test_tool_calls_whose_arguments_do_not_parse_cross_their_rate():
+    broken = chat({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"'}}]},
+        finish="tool_calls")
+    row, _ = gate_row(gate_exchanges(tool=(GOOD_TOOL, broken)))
+    assert not row["ok"]
+    assert (row["figures"]["tool_calls"], row["figures"]["bad_tool_calls"]) == (3, 1)
+    assert "no JSON object" in row["diagnosis"]
+    assert gate_row(gate_exchanges(tool=(GOOD_TOOL, broken)), max_bad_tool_call_rate=0.5)[0]["ok"]
+
+
+def test_a_tool_question_answered_without_a_call_is_not_a_broken_call():
+    # A thinking model can spend its budget before it calls: no call is not a corrupted one.
+    row, _ = gate_row(gate_exchanges(tool=(chat({"role": "assistant", "content": "It is sunny."}), GOOD_TOOL)))
+    assert row["ok"] and row["figures"]["tool_calls"] == 2
+
+
+def test_no_gate_row_without_rounds_and_the_requests_follow_the_rounds():
+    verdict = judge.judge_all(gate_exchanges(), "glm53", gate={**GATE, "rounds": 0})
+    assert "gate" not in {c["name"] for c in verdict["checks"]}
+    asked = judge.gate_requests("glm53", 256, 3, tool_max_tokens=1024)
+    assert len(asked) == 15 and asked["gate:korean:2"]["max_tokens"] == 256
+    assert asked["gate:tool_call:0"]["tools"] and asked["gate:tool_call:0"]["max_tokens"] == 1024
+
+
+def test_questions_the_engine_did_not_answer_fail_the_gate_by_name():
+    exchanges = gate_exchanges()
+    exchanges["gate:code:1"] = {"status": 500, "error": "HTTPError: 500", "body_text": "", "json": None}
+    row, _ = gate_row(exchanges)
+    assert not row["ok"] and "1 of 12 questions got no answer (first: code: HTTP 500)" in row["detail"]
+    assert "failed or timed out" in row["diagnosis"] and row["figures"]["answers"] == 11

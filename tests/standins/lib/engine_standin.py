@@ -67,7 +67,16 @@ SERVING_DEFAULTS = {
     "error_status": 503,
     "cut_every": 0,
     "recall": False,
+    # A build that breaks tokens now and then (the field report): this share of the answers that hold characters of
+    # corrupt_scripts (hangul, han; empty: any non-ASCII) come out with each such character as U+FFFD, and this
+    # share of the tool calls lose their arguments' closing brace. Counted per engine, so a rate is exact: 0.5 is
+    # every second such answer.
+    "corrupt_rate": 0.0,
+    "corrupt_scripts": [],
+    "bad_tool_call_rate": 0.0,
 }
+SCRIPTS = {"hangul": ((0xAC00, 0xD7A3), (0x1100, 0x11FF), (0x3130, 0x318F)),
+           "han": ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))}
 
 
 class Voice:
@@ -1183,6 +1192,7 @@ class Engine:
         self.batch = Batch(group, limit)
         self.counts_path = counts_path
         self.counted = {"requests": 0, "errors": 0, "cuts": 0}
+        self.rated = {"answers": 0, "tool_calls": 0}
         self.metrics = None
 
     def serving_knobs(self):
@@ -1284,6 +1294,29 @@ class Engine:
             return text
         return "".join("\ufffd" if ord(ch) > 127 else ch for ch in text)
 
+    def _rated(self, counter, rate):
+        """Whether this one of the answers (or tool calls) the rate counts is a bad one: n*rate crossed an integer."""
+        if not rate or float(rate) <= 0:
+            return False
+        with self.lock:
+            self.rated[counter] += 1
+            n = self.rated[counter]
+        return int(n * float(rate)) > int((n - 1) * float(rate))
+
+    def break_now_and_then(self, texts):
+        """The corrupt_rate knob: the characters of corrupt_scripts become U+FFFD in this share of the answers
+        that hold any (texts unchanged otherwise)."""
+        k = self.serving_knobs()
+        scripts = [SCRIPTS[name] for name in (k.get("corrupt_scripts") or []) if name in SCRIPTS]
+
+        def hit(ch):
+            cp = ord(ch)
+            return any(lo <= cp <= hi for ranges in scripts for lo, hi in ranges) if scripts else cp > 127
+
+        if not any(hit(ch) for text in texts for ch in text) or not self._rated("answers", k.get("corrupt_rate")):
+            return texts
+        return ["".join("\ufffd" if hit(ch) else ch for ch in text) for text in texts]
+
     def thought(self, body):
         """What the model thinks and answers: (reasoning, answer, reasoning tokens, answer tokens)."""
         prompt = prompt_text(body)
@@ -1305,7 +1338,8 @@ class Engine:
         answer_tokens = max(1, len(answer.split()))
         if fixed:
             reasoning_tokens, answer_tokens = len(reasoning.split()), len(answer.split())
-        return self.garble(reasoning), answer, reasoning_tokens, answer_tokens
+        reasoning, answer = self.break_now_and_then([self.garble(reasoning), answer])
+        return reasoning, answer, reasoning_tokens, answer_tokens
 
     def tool_call(self, tools):
         """The call the model writes for the first tool: (name, its arguments, the API's tool call)."""
@@ -1314,7 +1348,7 @@ class Engine:
         params = (function.get("parameters") or {}).get("properties") or {}
         arguments = {key: "Beijing" if key in ("city", "location") else "x" for key in params}
         text = json.dumps(arguments, ensure_ascii=False)
-        if "bad-tool-args" in self.corrupt:
+        if "bad-tool-args" in self.corrupt or self._rated("tool_calls", self.serving_knobs().get("bad_tool_call_rate")):
             text = text[:-1]  # the closing brace never came out
         call = {"id": "call_" + hashlib.sha256(name.encode()).hexdigest()[:24], "index": 0, "type": "function",
                 "function": {"name": name, "arguments": self.garble(text)}}
