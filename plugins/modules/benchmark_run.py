@@ -17,6 +17,10 @@ description:
   - C(mode=level) runs one level, O(concurrency) streams in a closed loop (each sends its next request when its last
     one ended) until O(requests) are sent or the wall-clock O(deadline) passes; every content or reasoning delta is
     time-stamped on arrival; writes the raw records to O(out) and returns the level's figures.
+  - C(mode=soak) (the verify role's quality run) loads the endpoint for O(soak_seconds) in bursts of
+    O(burst_seconds) (O(concurrency) streams, each sending its next request as its last one ends; a burst's last
+    requests are let finish) separated by O(idle_seconds) of nothing, and returns per burst the requests, errors
+    and latency p50, with the error rate and the latency drift (the last burst's p50 over the first's).
   - C(mode=recall) sends one prompt near the context length with facts planted at O(depths) and reports which the
     answer names, and the time to the first token (the prefill).
   - Runs in the foreground of its task. A Ctrl-C reaches it with the rest of the process group; if Ansible's worker
@@ -48,8 +52,20 @@ options:
   mode:
     description: What to measure.
     type: str
-    choices: [calibrate, level, recall]
+    choices: [calibrate, level, recall, soak]
     required: true
+  soak_seconds:
+    description: How long the soak loads the endpoint (soak mode), idle gaps included.
+    type: float
+    default: 60
+  burst_seconds:
+    description: The length of each burst (soak mode).
+    type: float
+    default: 30
+  idle_seconds:
+    description: The pause between bursts (soak mode).
+    type: float
+    default: 30
   concurrency:
     description: Streams in flight (level mode).
     type: int
@@ -154,6 +170,7 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.benchmark_cl
     Endpoint,
     filler,
     level_prompt,
+    percentile,
     recall_prompt,
     recalled,
     run_level,
@@ -182,6 +199,8 @@ async def main_async(module, ep):
             return await calibrate(module, ep)
         if p["mode"] == "level":
             return await level(ep, p)
+        if p["mode"] == "soak":
+            return await soak(ep, p)
         return await recall(ep, p)
     finally:
         watcher.cancel()
@@ -269,6 +288,78 @@ async def level(ep, p):
     return {"summary": summary}
 
 
+def _burst(records, seconds):
+    """One burst's figures: requests, errors by kind, end-to-end latency and TTFT p50 (ms)."""
+    ok = [r for r in records if r.get("error") is None]
+    errors = {}
+    for r in records:
+        if r.get("error"):
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    latency = percentile([r.get("end") for r in ok], 50)
+    ttft = percentile([r.get("ttft") for r in ok], 50)
+    return {"seconds": round(seconds, 2), "requests": len(records), "errors": errors,
+            "latency_p50_ms": None if latency is None else round(latency * 1000, 2),
+            "ttft_p50_ms": None if ttft is None else round(ttft * 1000, 2)}
+
+
+async def soak(ep, p):
+    """Bursts of closed-loop streams with idle gaps between them, until soak_seconds have passed."""
+    if not ep.model:
+        ep.model = (await asyncio.to_thread(list_models_quietly, ep))
+    bursts = []
+    count = 0
+    end_at = time.monotonic() + p["soak_seconds"]
+    while True:
+        burst_end = min(time.monotonic() + p["burst_seconds"], end_at)
+        records = []
+        started = time.perf_counter()
+
+        async def stream(until, records):
+            nonlocal count
+            while time.monotonic() < until:
+                i = count
+                count += 1
+                payload = body(ep, level_prompt(p["prompt_tokens"], p["calibration"] or ASSUMED, p["seed"] * 100000 + i),
+                               p["max_tokens"], p["ignore_eos"])
+                records.append(await stream_once(ep, payload, p["stall_timeout"], p["request_timeout"]))
+
+        await asyncio.gather(*(stream(burst_end, records) for _ in range(p["concurrency"])))
+        bursts.append(_burst(records, time.perf_counter() - started))
+        if time.monotonic() + p["idle_seconds"] >= end_at:
+            break
+        await asyncio.sleep(p["idle_seconds"])
+    requests = sum(b["requests"] for b in bursts)
+    errors = sum(sum(b["errors"].values()) for b in bursts)
+    measured = [b["latency_p50_ms"] for b in bursts if b["latency_p50_ms"]]
+    drift = round(measured[-1] / measured[0], 3) if len(measured) > 1 else None
+    result = {"bursts": bursts, "requests": requests, "errors": errors,
+              "error_rate": round(errors / requests, 4) if requests else None, "latency_drift": drift,
+              "first_latency_p50_ms": measured[0] if measured else None,
+              "last_latency_p50_ms": measured[-1] if measured else None}
+    write(p["out"], {"soak": result})
+    return {"soak": result}
+
+
+def list_models_quietly(ep):
+    """The served model's id, or "" when /v1/models does not answer (the requests then report the failure)."""
+    try:
+        return list_models(_Quiet(), ep)[0]
+    except _Quiet.Failed:
+        return ""
+
+
+class _Quiet:
+    """Stands in for the module where list_models would end the run: the soak counts the failure instead."""
+
+    class Failed(Exception):
+        pass
+
+    params = {"stall_timeout": 30}
+
+    def fail_json(self, **kwargs):
+        raise self.Failed(kwargs.get("msg"))
+
+
 async def recall(ep, p):
     content, facts = recall_prompt(p["prompt_tokens"], p["calibration"] or ASSUMED, p["depths"], p["seed"])
     rec = await stream_once(ep, body(ep, content, p["max_tokens"], False), p["stall_timeout"], p["request_timeout"],
@@ -298,7 +389,10 @@ def main():
             "ca_file": {"type": "path", "default": ""},
             "validate_certs": {"type": "bool", "default": True},
             "model": {"type": "str", "default": ""},
-            "mode": {"type": "str", "required": True, "choices": ["calibrate", "level", "recall"]},
+            "mode": {"type": "str", "required": True, "choices": ["calibrate", "level", "recall", "soak"]},
+            "soak_seconds": {"type": "float", "default": 60},
+            "burst_seconds": {"type": "float", "default": 30},
+            "idle_seconds": {"type": "float", "default": 30},
             "concurrency": {"type": "int", "default": 1},
             "requests": {"type": "int", "default": 1},
             "prompt_tokens": {"type": "int", "default": 128, "no_log": False},
@@ -317,6 +411,8 @@ def main():
     p = module.params
     if p["concurrency"] < 1 or p["requests"] < 1 or p["max_tokens"] < 1 or p["prompt_tokens"] < 1:
         module.fail_json(msg="concurrency, requests, max_tokens and prompt_tokens must be positive")
+    if p["mode"] == "soak" and (p["soak_seconds"] <= 0 or p["burst_seconds"] <= 0 or p["idle_seconds"] < 0):
+        module.fail_json(msg="soak_seconds and burst_seconds must be positive, idle_seconds 0 or more")
     try:
         ep = Endpoint(p["endpoint"], p["api_key"], p["ca_file"], p["validate_certs"], p["model"])
     except ValueError as err:

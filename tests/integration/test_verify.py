@@ -295,6 +295,47 @@ def test_the_quality_run_asks_ten_times_and_finds_what_one_answer_in_ten_breaks(
     assert result.changed == []
 
 
+SOAK = {"verify_quality_rounds": 1, "verify_soak_seconds": 3, "verify_soak_burst_seconds": 1,
+        "verify_soak_idle_seconds": 0.5, "verify_soak_max_tokens": 8, "verify_soak_prompt_tokens": 32,
+        # The memory read here is this machine's, which other work moves: only the stand-in's faults are judged.
+        "verify_soak_max_memory_growth_gib": 1000}
+
+
+def soak(local_inventory, port, tmp_path):
+    result = run_playbook("playbooks/quality.yml", local_inventory, extravars={
+        "verify_port": port, "verify_report_dir": str(tmp_path / "reports"), "server_allow_unauthenticated": True,
+        **SOAK})
+    written = list((tmp_path / "reports").glob("soak-*.json"))
+    assert len(written) == 1, result.stdout[-3000:]
+    return result, json.loads(written[0].read_text())
+
+
+def test_a_steady_soak_reports_its_bursts_and_passes(serve, local_inventory, tmp_path):
+    # Tokens slow enough (30 ms) that a loaded machine's scheduling cannot pass for a drift.
+    port = serve(flags=GOOD, knobs={"token_seconds": 0.03})
+    result, report = soak(local_inventory, port, tmp_path)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    figures = report["soak"]
+    # Three seconds: a burst, a gap, a burst, a gap, a burst; two streams each.
+    assert len(figures["bursts"]) >= 2 and figures["requests"] > 2 * len(figures["bursts"]), figures
+    assert (figures["errors"], figures["error_rate"], report["failed"]) == (0, 0.0, [])
+    assert figures["latency_drift"] < 1.5 and set(report["memory_growth_gib"]) == {"spark-0"}
+    lines = "\n".join(result.results("Show the soak's figures")["spark-0"]["msg"])
+    assert "requests in" in lines and "drift" in lines and "available memory lost per rank" in lines
+    assert result.changed == []
+
+
+def test_a_rank_that_slows_down_as_it_serves_fails_the_soak_by_its_drift(serve, local_inventory, tmp_path):
+    # Each request makes a token take 8% longer: over the soak's few dozen requests the last burst is several times
+    # slower than the first.
+    port = serve(flags=GOOD, knobs={"token_seconds": 0.002, "token_seconds_growth": 0.08})
+    result, report = soak(local_inventory, port, tmp_path)
+    assert result.rc != 0
+    (failed,) = report["failed"]
+    assert "above verify_soak_max_latency_drift 1.5" in failed and report["soak"]["latency_drift"] > 1.5
+    assert "The soak of http://127.0.0.1:" in result.failure_messages()
+
+
 def test_bad_gate_settings_are_refused_before_any_question(serve, local_inventory, tmp_path):
     port = serve(flags=GOOD)
     report = tmp_path / "report.json"

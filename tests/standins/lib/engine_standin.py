@@ -71,6 +71,8 @@ SERVING_DEFAULTS = {
     # corrupt_scripts (hangul, han; empty: any non-ASCII) come out with each such character as U+FFFD, and this
     # share of the tool calls lose their arguments' closing brace. Counted per engine, so a rate is exact: 0.5 is
     # every second such answer.
+    # A rank that slows down as it serves (a leak): each request makes a token take this share longer.
+    "token_seconds_growth": 0.0,
     "corrupt_rate": 0.0,
     "corrupt_scripts": [],
     "bad_tool_call_rate": 0.0,
@@ -1212,6 +1214,10 @@ class Engine:
         """
         arrived = time.monotonic()
         metrics = self.metrics
+        growth = float(k.get("token_seconds_growth") or 0)
+        if growth > 0:
+            with self.lock:
+                self.token_seconds *= 1 + growth
         self.batch.admit()
         if metrics is not None:
             metrics.admitted(prompt_tokens, time.monotonic() - arrived)
