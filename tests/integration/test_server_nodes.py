@@ -401,8 +401,8 @@ def test_reprovisioned_worker_converges_alone_and_every_rank_restarts(serving, s
         assert server_args(node) == expected_args(node.rank, head.fabric_ip)
     assert_serving(serving)
     verdicts = next(iter(result.results("Show the verification table").values()))["msg"]
-    # The four checks of the answers and the auth row (secure by default: 401 without the key).
-    assert sum(" PASS " in line for line in verdicts) == 5, verdicts
+    # The four checks of the answers, the corruption gate and the auth row (secure by default: 401 without the key).
+    assert sum(" PASS " in line for line in verdicts) == 6, verdicts
 
     started = {n.name: started_at(n) for n in serving.nodes}
     again = run_playbook("site.yml", sim_inventory, limit=worker.name)
