@@ -323,7 +323,7 @@ async def soak(ep, p):
                                p["max_tokens"], p["ignore_eos"])
                 records.append(await stream_once(ep, payload, p["stall_timeout"], p["request_timeout"]))
 
-        await asyncio.gather(*(stream(burst_end, records) for _ in range(p["concurrency"])))
+        await asyncio.gather(*(stream(burst_end, records) for dummy in range(p["concurrency"])))
         bursts.append(_burst(records, time.perf_counter() - started))
         if time.monotonic() + p["idle_seconds"] >= end_at:
             break
