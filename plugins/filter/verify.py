@@ -29,7 +29,8 @@ def _share(value):
 
 
 def verify_plan(ctx):
-    """Check the gate's settings of one host: {errors}, each naming the variable, the value, why and the fix."""
+    """Check the gate's, the report's and the soak's settings of one host: {errors}, each naming the variable, the
+    value, why and the fix."""
     errors = []
     for name, least, example in (("verify_gate_rounds", 0, 2), ("verify_quality_rounds", 1, 10),
                                  ("verify_gate_max_tokens", 1, 256)):
@@ -43,9 +44,11 @@ def verify_plan(ctx):
         if _share(ctx.get(name)) is None:
             errors.append(f"{name} = {inputs.shown(ctx.get(name))}: must be a share from 0 to 1 (of the answers, or of "
                           f"the tool calls, that may be broken). Fix: e.g. {name}: 0.01 for one in a hundred, or 0.")
-    if "verify_soak_seconds" in ctx:
-        errors += _soak_errors(ctx)
-    return {"errors": errors}
+    prefix = ctx.get("verify_report_prefix")
+    if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+        errors.append(f"verify_report_prefix = {inputs.shown(prefix)}: must be letters, digits, '.', '_' or '-' (the "
+                      "report file's name before its time). Fix: e.g. verify_report_prefix: verify.")
+    return {"errors": errors + _soak_errors(ctx)}
 
 
 def _soak_errors(ctx):

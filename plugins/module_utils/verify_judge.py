@@ -84,9 +84,9 @@ GATE_PROMPTS = {
     "tool_call": TOOL_PROMPT,
 }
 GATE_FIX = (
-    "switch to a checkpoint build that does not emit them (checkpoint_repo_id and checkpoint_revision; the README "
-    "names the builds known to work), or to the image before this change; the thresholds are verify_max_fffd_rate "
-    "and verify_max_bad_tool_call_rate, the questions' number verify_gate_rounds"
+    "switch to a checkpoint build that does not emit them (checkpoint_repo_id and checkpoint_revision), or to the "
+    "image before this change; the thresholds are verify_max_fffd_rate and verify_max_bad_tool_call_rate, the "
+    "questions' number verify_gate_rounds"
 )
 THINK_TAG = re.compile(r"</?think>", re.IGNORECASE)
 RAW_TOOL_MARKUP = re.compile(r"<\s*/?\s*(tool_call|arg_key|arg_value)\b|\bget_weather\s*[({<]", re.IGNORECASE)
@@ -351,13 +351,14 @@ def bad_characters(text):
 
 
 def _generated(exchange):
-    """What the model wrote in one answer: content, reasoning and tool-call arguments (parsed fields), and the
-    raw body's U+FFFD (bytes that were not UTF-8 decode to it)."""
+    """What the model wrote in one answer: (its texts - content, reasoning and tool-call arguments, as parsed -, its
+    tool calls, its content)."""
     message = _message(exchange)[0] or {}
     texts = [message.get("content"), message.get("reasoning_content"), message.get("reasoning")]
     calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
     texts += [(call.get("function") or {}).get("arguments") for call in calls if isinstance(call, dict)]
-    return [t for t in texts if isinstance(t, str)], calls
+    content = message.get("content") if isinstance(message.get("content"), str) else ""
+    return [t for t in texts if isinstance(t, str)], calls, content
 
 
 def _call_parses(call, tool_name):
@@ -384,15 +385,13 @@ def judge_gate(asked, thresholds, tool_name=TOOL["function"]["name"]):
             if not exchange or exchange.get("status") != 200 or not isinstance(exchange.get("json"), dict):
                 unanswered.append(f"{kind}: {_answer(exchange)}")
                 continue
-            texts, calls = _generated(exchange)
-            bad = sum(bad_characters(t) for t in texts)
-            raw = (exchange.get("body_text") or "").count(REPLACEMENT)
-            bad = max(bad, raw)
+            texts, calls, content = _generated(exchange)
+            # The raw body's U+FFFD too: bytes that were not UTF-8 decode to it before any field is parsed.
+            bad = max(sum(bad_characters(t) for t in texts), (exchange.get("body_text") or "").count(REPLACEMENT))
             row["answers"] += 1
             row["bad_characters"] += bad
             row["corrupt_answers"] += 1 if bad else 0
             characters += sum(len(t) for t in texts)
-            content = (_message(exchange)[0] or {}).get("content") or ""
             if kind == "tool_call" and (calls or RAW_TOOL_MARKUP.search(content)):
                 row.setdefault("tool_calls", 0)
                 row.setdefault("bad_tool_calls", 0)

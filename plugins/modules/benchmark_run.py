@@ -200,7 +200,7 @@ async def main_async(module, ep):
         if p["mode"] == "level":
             return await level(ep, p)
         if p["mode"] == "soak":
-            return await soak(ep, p)
+            return await soak(module, ep, p)
         return await recall(ep, p)
     finally:
         watcher.cancel()
@@ -289,23 +289,16 @@ async def level(ep, p):
 
 
 def _burst(records, seconds):
-    """One burst's figures: requests, errors by kind, end-to-end latency and TTFT p50 (ms)."""
-    ok = [r for r in records if r.get("error") is None]
-    errors = {}
-    for r in records:
-        if r.get("error"):
-            errors[r["error"]] = errors.get(r["error"], 0) + 1
-    latency = percentile([r.get("end") for r in ok], 50)
-    ttft = percentile([r.get("ttft") for r in ok], 50)
-    return {"seconds": round(seconds, 2), "requests": len(records), "errors": errors,
-            "latency_p50_ms": None if latency is None else round(latency * 1000, 2),
-            "ttft_p50_ms": None if ttft is None else round(ttft * 1000, 2)}
+    """One burst's figures: the level's (summarize: requests, errors by kind, TTFT, tok/s) and the end-to-end
+    latency p50 whose drift the soak judges."""
+    latency = percentile([r.get("end") for r in records if r.get("error") is None], 50)
+    return {**summarize(records, seconds), "latency_p50_ms": None if latency is None else round(latency * 1000, 2)}
 
 
-async def soak(ep, p):
+async def soak(module, ep, p):
     """Bursts of closed-loop streams with idle gaps between them, until soak_seconds have passed."""
     if not ep.model:
-        ep.model = (await asyncio.to_thread(list_models_quietly, ep))
+        ep.model, dummy = list_models(module, ep)
     bursts = []
     count = 0
     end_at = time.monotonic() + p["soak_seconds"]
@@ -329,7 +322,7 @@ async def soak(ep, p):
             break
         await asyncio.sleep(p["idle_seconds"])
     requests = sum(b["requests"] for b in bursts)
-    errors = sum(sum(b["errors"].values()) for b in bursts)
+    errors = sum(b["error_count"] for b in bursts)
     measured = [b["latency_p50_ms"] for b in bursts if b["latency_p50_ms"]]
     drift = round(measured[-1] / measured[0], 3) if len(measured) > 1 else None
     result = {"bursts": bursts, "requests": requests, "errors": errors,
@@ -338,26 +331,6 @@ async def soak(ep, p):
               "last_latency_p50_ms": measured[-1] if measured else None}
     write(p["out"], {"soak": result})
     return {"soak": result}
-
-
-def list_models_quietly(ep):
-    """The served model's id, or "" when /v1/models does not answer (the requests then report the failure)."""
-    try:
-        return list_models(_Quiet(), ep)[0]
-    except _Quiet.Failed:
-        return ""
-
-
-class _Quiet:
-    """Stands in for the module where list_models would end the run: the soak counts the failure instead."""
-
-    class Failed(Exception):
-        pass
-
-    params = {"stall_timeout": 30}
-
-    def fail_json(self, **kwargs):
-        raise self.Failed(kwargs.get("msg"))
 
 
 async def recall(ep, p):

@@ -22,7 +22,7 @@ def errors(**changes):
 
 
 def test_the_defaults_pass_and_the_gate_can_be_off():
-    assert len(DEFAULTS) == 14
+    assert len(DEFAULTS) == 15
     assert errors() == []
     assert errors(verify_gate_rounds=0, verify_max_fffd_rate="0.01", verify_max_bad_tool_call_rate=1) == []
 
@@ -36,6 +36,7 @@ def test_the_defaults_pass_and_the_gate_can_be_off():
     ("verify_gate_rounds", 1.5, "verify_gate_rounds = 1.5: must be a whole number from 0"),
     ("verify_quality_rounds", 0, "verify_quality_rounds = 0: must be a whole number from 1"),
     ("verify_gate_max_tokens", 0, "verify_gate_max_tokens = 0: must be a whole number from 1 (a token budget)"),
+    ("verify_report_prefix", "../x", "verify_report_prefix = '../x': must be letters, digits"),
     ("verify_soak_seconds", -5, "verify_soak_seconds = -5: must be a number of seconds, 0 for no soak"),
     ("verify_soak_burst_seconds", 0, "verify_soak_burst_seconds = 0: must be a number above 0"),
     ("verify_soak_idle_seconds", "soon", "verify_soak_idle_seconds = 'soon': must be a number, 0 or more"),
