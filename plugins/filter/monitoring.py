@@ -10,7 +10,6 @@ functions directly.
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
 import stat
@@ -59,16 +58,6 @@ def _flag(value):
         return value
     text = str(value).strip().lower()
     return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}.get(text)
-
-
-def _number(value):
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _networks(value):
@@ -168,7 +157,7 @@ def monitoring_plan(ctx):
     )
     for var, key, low, high, example in thresholds:
         value = ctx.get(key)
-        number = _number(value)
+        number = inputs.decimal(value)
         if number is None:
             errors.append(f"{var} = {inputs.shown(value)}: not a number, so the alert rule could not compare with it. Fix: "
                           f"{example}.")

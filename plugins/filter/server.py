@@ -964,6 +964,76 @@ def _check_metrics_served(ctx, model, flags, errors):
     )
 
 
+def _check_speculative(ctx, model, extras, errors):
+    """A speculative-decoding setting (the flag model's `speculative` section): refused before any change where it
+    could not start on GB10 or would run other settings than it names."""
+    spec = model.get("speculative") or {}
+    algo_flag = spec.get("algorithm_flag")
+    settings = [spec.get(k) for k in ("steps_flag", "topk_flag", "draft_tokens_flag")]
+    given = {name: value for name, value in extras.items() if value is not None
+             and (name in (algo_flag, spec.get("draft_flag"), *settings) or not spec and name.startswith("speculative"))}
+    if not given:
+        return
+    profile = ctx.get(PROFILE) or "default"
+    where = f"{PROFILES}[{profile!r}] with {OVR}" if profile != "default" else OVR
+    label = _label(model)
+    if not spec:
+        errors.append(f"{where} sets {', '.join('--' + n for n in sorted(given))}: speculative decoding on {label} is "
+                      "not modelled by this version (no guard rails, no measurement). Fix: remove those keys.")
+        return
+    algorithm = given.get(algo_flag)
+    if algorithm is None:
+        errors.append(f"{where} sets {', '.join('--' + n for n in sorted(given))} without --{algo_flag}: they shape a "
+                      f"drafter that does not run. Fix: add {algo_flag} ({' or '.join(spec['algorithms'])}), or remove "
+                      "them.")
+        return
+    algorithm = str(algorithm)
+    if algorithm in spec.get("refused", {}):
+        errors.append(f"{where}: --{algo_flag} {algorithm} is not offered: {spec['refused'][algorithm]}. Fix: use "
+                      f"{' or '.join(spec['algorithms'])} (the model's own next-token heads draft).")
+        return
+    if algorithm not in spec["algorithms"]:
+        errors.append(f"{where}: --{algo_flag} {algorithm!r} is not one of {', '.join(spec['algorithms'])}. Fix: "
+                      f"use one of those ({label} matches the name exactly).")
+        return
+    if spec.get("draft_flag") in given:
+        errors.append(f"{where}: --{spec['draft_flag']} {given[spec['draft_flag']]}: {algorithm} here drafts with the "
+                      "model's own next-token heads; a separate drafter would need its own local directory in the "
+                      "container, which this version does not mount. Fix: remove the key.")
+    numbers = {}
+    for name in settings:
+        if name in given:
+            number = inputs.whole_number(given[name], signed=False)
+            if number is None or number < 1:
+                errors.append(f"{where}: --{name} {given[name]}: must be a whole number of at least 1. Fix: e.g. 3.")
+            else:
+                numbers[name] = number
+    steps_flag, topk_flag, draft_flag = settings
+    steps, topk, draft = (numbers.get(n) for n in settings)
+    if topk == 1 and draft is not None and steps is not None and draft != steps + 1:
+        errors.append(f"{where}: --{draft_flag} {draft} with --{topk_flag} 1 and --{steps_flag} {steps}: {label} sets "
+                      f"it to {steps_flag} + 1 ({steps + 1}) whenever {topk_flag} is 1, so the profile would run and be "
+                      f"measured with settings other than those it names. Fix: set {draft_flag}: {steps + 1}, or raise "
+                      f"{topk_flag}.")
+    tile_var = spec.get("tile_variable")
+    tile = _as_bool(ctx.get(tile_var)) if tile_var else True
+    if tile is not True:
+        errors.append(f"{where}: --{algo_flag} {algorithm} with {tile_var} = {inputs.shown(ctx.get(tile_var))}: the "
+                      "drafter's verify shapes hit GB10's shared-memory limit (101376 bytes per block) like the main "
+                      "kernels and need the same TileLang tile, block_I=32, num_stages=1, threads=128; without it every "
+                      "rank fails at its draft cuda graph capture. Fix: build a derived image whose TileLang kernels "
+                      f"use that tile for the verify shapes too (server_image_build_context) and set {tile_var}: true.")
+    heads_key = spec.get("heads_key")
+    config = _model_config(ctx.get("model_config"))
+    if heads_key and config and not inputs.whole_number(config.get(heads_key)):
+        errors.append(f"{where}: --{algo_flag} {algorithm} drafts with the model's own next-token heads, and the "
+                      f"checkpoint in {ctx.get('server_model_dir')} has none (its config.json "
+                      + (f"{heads_key} = {inputs.shown(config[heads_key])}" if heads_key in config
+                         else f"names no {heads_key}")
+                      + "). Fix: serve a build that carries them, or choose a "
+                      "profile without speculative decoding.")
+
+
 def server_plan(ctx, model, hostvars=None):
     """Validate everything and compute the launch arguments for one host.
 
@@ -995,6 +1065,7 @@ def server_plan(ctx, model, hostvars=None):
     effective, extras = _check_overrides(model, _with_profile(ctx, model, ack, errors), ack, errors)
     _check_combinations(model, effective, errors)
     _check_metrics_served(ctx, model, {**extras, **effective}, errors)
+    _check_speculative(ctx, model, extras, errors)
     model_dir = _check_model_dir(ctx.get("server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
     port, dist = _check_scalars(ctx, model, errors)

@@ -8,6 +8,7 @@ operator can find it: a string quoted, true, false and null as YAML writes them.
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIGNED = re.compile(r"\s*[+-]?[0-9]+\s*")
@@ -43,6 +44,17 @@ def whole_number(value, *, signed: bool = True, integral_float: bool = True):
     if isinstance(value, str) and (_SIGNED if signed else _UNSIGNED).fullmatch(value):
         return int(value)
     return None
+
+
+def decimal(value):
+    """The finite number the operator meant (1.05, "1.05", 2), or None: a bool is no number, nor "fast" or inf."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def switch(value):
