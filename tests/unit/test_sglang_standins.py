@@ -308,6 +308,45 @@ def test_a_speculative_drafter_needs_the_gb10_tile_for_its_verify_shapes(tmp_pat
     assert SMEM not in stop(proc)
 
 
+def gauge(port, name):
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as resp:  # noqa: S310 - loopback
+        text = resp.read().decode()
+    return float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(name + "{")))
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    # SGLang's auto choice for GLM-style MoE models: 3 steps, topk 1, 4 draft tokens; 1 + .6 + .36 + .216.
+    ({}, (0.6, 2.176, 0.392, False)),
+    # With topk 1 SGLang sets num-draft-tokens to num-steps + 1, and says so.
+    ({"speculative_num_steps": 1, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 8},
+     (0.5, 1.5, 0.5, True)),
+    # Two branches per depth: each depth accepted when either is, 1 - (1 - .5)^2 = .75.
+    ({"speculative_num_steps": 2, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6},
+     (0.5, 2.3125, 0.6562, False)),
+])
+def test_speculative_decoding_reports_its_acceptance_where_sglang_does(tmp_path, model_dir, flags, expected):
+    acceptance, length, rate, adjusted = expected
+    port = free_port()
+    args = server_args(model_dir, port, speculative_algorithm="EAGLE", enable_metrics=True, **flags)
+    proc = start_server(args, root=knob_root(tmp_path, {"tilelang_verify_tile": "gb10",
+                                                       "speculative_acceptance": acceptance}))
+    try:
+        wait_ready(port, proc)
+        assert http(port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 8})[0] == 200
+        assert gauge(port, "sglang:spec_accept_length") == pytest.approx(length, abs=1e-3)
+        assert gauge(port, "sglang:spec_accept_rate") == pytest.approx(rate, abs=1e-3)
+        out = read_until(proc, "accept len: ")
+    finally:
+        stop(proc)
+    assert ("is adjusted to speculative_num_steps + 1" in out) is adjusted
+
+
+def test_without_speculative_decoding_the_acceptance_gauges_are_zero(serve):
+    port, _proc = serve(enable_metrics=True)
+    assert gauge(port, "sglang:spec_accept_length") == 0.0
+
+
 def test_no_gpu_in_the_container_fails(model_dir):
     rc, out = run_server(server_args(model_dir, free_port()), {"NVIDIA_VISIBLE_DEVICES": ""})
     assert rc == 1 and "RuntimeError: No CUDA GPUs are available" in out

@@ -75,6 +75,13 @@ DEFAULTS = {
     "state_budget": 4 * 65536,
     "tilelang_tile": "gb10",
     "tilelang_verify_tile": "default",
+    # Speculative decoding with the model's own next-token heads: the chance that each drafted token is accepted
+    # (along a chain; topk branches give each depth that many tries), what each drafting step costs and what the
+    # verify step costs per token it verifies, each as a share of a plain decoding step. speculation() turns them
+    # into SGLang's accept length and the decoding step's time: at 0.6 a 3-step chain gains, a 6-step one loses.
+    "speculative_acceptance": 0.6,
+    "speculative_step_cost": 0.25,
+    "speculative_draft_cost": 0.02,
     # /metrics behind --api-key, as in SGLang builds from before its /metrics exemption: read at each request.
     "metrics_behind_key": False,
 }
@@ -262,6 +269,26 @@ def capture_failed(need, rank, what="cuda graph"):
          "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose", rank)
 
 
+def speculation(args, k):
+    """(steps, topk, draft tokens, accept length, step-time factor) of --speculative-algorithm, or None without it.
+
+    SGLang's own rules: without settings its auto choice for GLM-style MoE models is 3 steps, topk 1, 4 draft
+    tokens, and with topk 1 it sets num-draft-tokens to num-steps + 1 (with the warning below). The accept length
+    counts the bonus token: 1 + p + p^2 + ... + p^steps for a per-depth acceptance p."""
+    if not args.speculative_algorithm:
+        return None
+    steps = args.speculative_num_steps or 3
+    topk = args.speculative_eagle_topk or 1
+    draft = args.speculative_num_draft_tokens or (steps + 1 if topk == 1 else 8)
+    if topk == 1 and draft != steps + 1:
+        log("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1", 0)
+        draft = steps + 1
+    p = 1 - (1 - min(max(float(k["speculative_acceptance"]), 0.0), 0.999)) ** topk
+    accept = sum(p ** i for i in range(steps + 1))
+    cost = 1 + float(k["speculative_step_cost"]) * steps + float(k["speculative_draft_cost"]) * draft
+    return steps, topk, draft, accept, cost / accept
+
+
 def capture(args, rank, k):
     bs = args.cuda_graph_bs or list(range(1, (args.max_running_requests or 48) + 1))
     fits, need = tile_fits(k["tilelang_tile"], k)
@@ -325,6 +352,7 @@ class Metrics(es.Metrics):
                          {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "e2e": E2E_BUCKETS},
                          args.decode_log_interval or 40)
         self.tokenizer_labels = {"model_name": model_name}
+        self.speculation = None
         self.scheduler_labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": 0, "pp_rank": 0}
 
     def families(self, running, queued, used):
@@ -336,6 +364,12 @@ class Metrics(es.Metrics):
             ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", [(sch, self.gen_throughput)]),
             ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", [(sch, queued)]),
             ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", [(sch, 0.0)]),
+            # The scheduler's speculative figures over its last decode log interval: tokens per verify step (the
+            # bonus token included) and the share of drafted tokens accepted; 0 without speculative decoding.
+            ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+             [(sch, round(self.speculation[3], 4) if self.speculation else 0.0)]),
+            ("sglang:spec_accept_rate", "gauge", "The average acceptance rate of speculative decoding.",
+             [(sch, round((self.speculation[3] - 1) / self.speculation[0], 4) if self.speculation else 0.0)]),
             ("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.",
              [(sch, self.pool_tokens)]),
             ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
@@ -384,6 +418,13 @@ class Engine(es.Engine):
         # Without --enable-metrics SGLang mounts no /metrics route (404).
         self.metrics = Metrics(self.model_id, self.batch, args) if args.enable_metrics else None
         self.batch.metrics = self.metrics
+        # A decoding step of a speculative engine verifies the drafted tokens and yields `accept` tokens on average:
+        # the time per token is the stand-in's decoding step times the step-time factor.
+        self.speculation = speculation(args, k)
+        if self.speculation:
+            self.token_seconds *= self.speculation[4]
+            if self.metrics is not None:
+                self.metrics.speculation = self.speculation
 
     def access_log(self, handler, code):
         log(f'{handler.client_address[0]}:{handler.client_address[1]} - "{handler.command} {handler.path} '
@@ -449,8 +490,9 @@ class Engine(es.Engine):
     def decode_log(self, tokens):
         with self.lock:
             self.total_tokens += tokens
-            log(f"Decode batch. #running-req: 1, #token: {self.total_tokens}, token usage: 0.01, cuda graph: True, "
-                "gen throughput (token/s): 38.41, #queue-req: 0", 0)
+            accept = f"accept len: {self.speculation[3]:.2f}, " if self.speculation else ""
+            log(f"Decode batch. #running-req: 1, #token: {self.total_tokens}, token usage: 0.01, {accept}cuda graph: "
+                "True, gen throughput (token/s): 38.41, #queue-req: 0", 0)
 
     def request_log(self, rid, body, message):
         if not self.args.log_requests:
