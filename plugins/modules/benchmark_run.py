@@ -21,6 +21,8 @@ description:
     O(burst_seconds) (O(concurrency) streams, each sending its next request as its last one ends; a burst's last
     requests are let finish) separated by O(idle_seconds) of nothing, and returns per burst the requests, errors
     and latency p50, with the error rate and the latency drift (the last burst's p50 over the first's).
+  - C(mode=metrics) reads the engine's /metrics (with the key) and returns the first sample of each family
+    O(metrics) names, or null where there is none.
   - C(mode=recall) sends one prompt near the context length with facts planted at O(depths) and reports which the
     answer names, and the time to the first token (the prefill).
   - Runs in the foreground of its task. A Ctrl-C reaches it with the rest of the process group; if Ansible's worker
@@ -52,8 +54,13 @@ options:
   mode:
     description: What to measure.
     type: str
-    choices: [calibrate, level, recall, soak]
+    choices: [calibrate, level, recall, soak, metrics]
     required: true
+  metrics:
+    description: The /metrics families whose first sample C(mode=metrics) returns (gauges, by the engine's names).
+    type: list
+    elements: str
+    default: []
   soak_seconds:
     description: How long the soak loads the endpoint (soak mode), idle gaps included.
     type: float
@@ -157,6 +164,10 @@ recall:
   description: Planted facts with recalled true/false, prompt tokens, time to first token (prefill) and the error if any.
   type: dict
   returned: mode=recall
+metrics:
+  description: Each family O(metrics) names, by name, with its first sample's value (null where /metrics has none).
+  type: dict
+  returned: mode=metrics
 """
 
 import asyncio
@@ -201,25 +212,51 @@ async def main_async(module, ep):
             return await level(ep, p)
         if p["mode"] == "soak":
             return await soak(module, ep, p)
+        if p["mode"] == "metrics":
+            return read_metrics(module, ep)
         return await recall(ep, p)
     finally:
         watcher.cancel()
 
 
-def list_models(module, ep):
+def get(module, ep, path):
+    """The body of a GET of `path` at the endpoint's host, with the key; fails the module when it does not answer."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
                                          urllib.request.HTTPSHandler(context=ep.ssl) if ep.ssl else
                                          urllib.request.HTTPHandler())
     scheme = "https" if ep.tls else "http"
-    req = urllib.request.Request(f"{scheme}://{ep.authority}{ep.path.rsplit('/chat/completions', 1)[0]}/models")  # noqa: S310 - http(s) only (Endpoint)
+    req = urllib.request.Request(f"{scheme}://{ep.authority}{path}")  # noqa: S310 - http(s) only (Endpoint)
     if ep.key:
         req.add_header("Authorization", f"Bearer {ep.key}")
     try:
         with opener.open(req, timeout=module.params["stall_timeout"]) as resp:
-            data = json.loads(resp.read())
+            return resp.read()
     except Exception as err:  # noqa: BLE001 - any failure is reported with its text
-        module.fail_json(msg=f"{scheme}://{ep.authority}: /v1/models did not answer ({err}); is the group serving? "
+        module.fail_json(msg=f"{scheme}://{ep.authority}: {path} did not answer ({err}); is the group serving? "
                              "(playbooks/status.yml, playbooks/verify.yml)")
+
+
+def read_metrics(module, ep):
+    """The value of each named family's first sample at /metrics (None where the engine serves none): the
+    engine's gauges as they stand after a run (SGLang's speculative acceptance, say)."""
+    text = get(module, ep, "/metrics").decode("utf-8", "replace")
+    values = {}
+    for name in module.params["metrics"]:
+        values[name] = None
+        for line in text.splitlines():
+            head, _, value = line.rpartition(" ")
+            if head == name or head.startswith(name + "{"):
+                try:
+                    values[name] = float(value)
+                except ValueError:
+                    continue
+                break
+    return {"metrics": values}
+
+
+def list_models(module, ep):
+    data = json.loads(get(module, ep, f"{ep.path.rsplit('/chat/completions', 1)[0]}/models"))
+    scheme = "https" if ep.tls else "http"
     models = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict)]
     if not models:
         module.fail_json(msg=f"{scheme}://{ep.authority}: /v1/models lists no model")
@@ -362,7 +399,8 @@ def main():
             "ca_file": {"type": "path", "default": ""},
             "validate_certs": {"type": "bool", "default": True},
             "model": {"type": "str", "default": ""},
-            "mode": {"type": "str", "required": True, "choices": ["calibrate", "level", "recall", "soak"]},
+            "mode": {"type": "str", "required": True, "choices": ["calibrate", "level", "recall", "soak", "metrics"]},
+            "metrics": {"type": "list", "elements": "str", "default": []},
             "soak_seconds": {"type": "float", "default": 60},
             "burst_seconds": {"type": "float", "default": 30},
             "idle_seconds": {"type": "float", "default": 30},
