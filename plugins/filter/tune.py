@@ -307,6 +307,103 @@ def tune_figures(result):
             "decode_tok_s": s["decode_tok_s_per_stream"]["p50"], "report": (result or {}).get("json")}
 
 
+# --- speculative profiles: measured against the base, promoted by the figures --------------------------------
+
+
+def tune_speculative_problems(names, profiles, model, min_speedup=None, apply=None):
+    """Every problem of tune_speculative (the profiles to measure against what the group runs) before any restart.
+    `profiles` is the inventory's server_profiles, `model` spark_flag_model; the threshold and tune_apply are judged
+    where given (the tune role's own check; the inventory check judges the names)."""
+    if names in (None, "", []):
+        return []
+    label = model.get("label", model.get("engine"))
+    spec = model.get("speculative") or {}
+    if not spec:
+        return [f"tune_speculative = {inputs.shown(names)}: speculative decoding on {label} is not modelled by this "
+                "version (no guard rails, no acceptance to read). Fix: leave tune_speculative empty."]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and NAME.match(n) for n in names):
+        return [f"tune_speculative = {inputs.shown(names)}: must be a list of profile names from server_profiles. Fix: "
+                "e.g. -e '{\"tune_speculative\": [\"mtp3\"]}'."]
+    problems = []
+    profiles = profiles if isinstance(profiles, dict) else {}
+    if len(set(names)) != len(names):
+        problems.append(f"tune_speculative = {inputs.shown(names)}: names a profile twice. Fix: list each once.")
+    algo = spec["algorithm_flag"]
+    for name in dict.fromkeys(names):
+        flags = profiles.get(name)
+        if flags is None:
+            problems.append(f"tune_speculative: {name!r} is not in server_profiles ({', '.join(sorted(profiles)) or 'none'}"
+                            f"). Fix: add it to server_profiles with --{algo} and its settings.")
+        elif not isinstance(flags, dict) or algo not in flags:
+            problems.append(f"tune_speculative: server_profiles[{name!r}] sets no {algo}: there is no drafter to measure "
+                            f"against the base. Fix: add {algo} ({' or '.join(spec['algorithms'])}), or drop the name.")
+    if min_speedup is not None and (inputs.decimal(min_speedup) is None or inputs.decimal(min_speedup) < 1.0):
+        problems.append(f"tune_speculative_min_speedup = {inputs.shown(min_speedup)}: the single-stream decode speed a "
+                        "profile must reach as a multiple of the base's must be a number of at least 1.0 (below it a "
+                        "slower profile would be promoted). Fix: e.g. 1.05.")
+    if apply and apply not in names:
+        problems.append(f"tune_apply = {inputs.shown(apply)} with tune_speculative: only a profile this run measures "
+                        f"can be promoted and applied. Fix: add it to tune_speculative, or leave tune_apply empty.")
+    return problems
+
+
+def tune_speculative_contexts(names, ctx):
+    """The server plan's input for each named profile (the inventory check refuses each one's problems)."""
+    return [dict(ctx, server_profile=name) for name in names or []]
+
+
+def tune_speculative_verdict(row, base, min_speedup, model):
+    """A measured profile's row with its verdict: promoted only when it started, its accept length beats the base's
+    one token per step and its single-stream decode speed is at least `min_speedup` times the base's, on the same
+    prompts. `row` and `base` carry `figures` (tune_figures) and `metrics` (the engine's gauges by name)."""
+    names = (model.get("speculative") or {}).get("metrics") or {}
+
+    def read(entry, key):
+        value = ((entry or {}).get("metrics") or {}).get(names.get(key))
+        return value if isinstance(value, (int, float)) else None
+
+    out = dict(row)
+    base_speed = ((base or {}).get("figures") or {}).get("decode_tok_s")
+    speed = (row.get("figures") or {}).get("decode_tok_s")
+    out["accept_length"], out["accept_rate"] = read(row, "accept_length"), read(row, "accept_rate")
+    out["speedup"] = round(speed / base_speed, 3) if speed and base_speed else None
+    floor = float(min_speedup)
+    if not row.get("started"):
+        out["promoted"], out["why"] = False, f"not promoted: {row.get('reason') or 'did not start'}"
+    elif not out["accept_length"] or out["accept_length"] <= 1.0:
+        out["promoted"], out["why"] = False, (
+            f"not promoted: accept length {inputs.shown(out['accept_length'])} is no better than the base's one token "
+            "per decoding step (the drafted tokens are rejected)")
+    elif out["speedup"] is None or out["speedup"] < floor:
+        out["promoted"], out["why"] = False, (
+            f"not promoted: {inputs.shown(speed)} tok/s single-stream is {inputs.shown(out['speedup'])}x the base's "
+            f"{inputs.shown(base_speed)}, below tune_speculative_min_speedup {floor} (the verify steps cost more than "
+            "the accepted tokens save)")
+    else:
+        out["promoted"], out["why"] = True, (
+            f"promoted: accept length {out['accept_length']:.2f}, {speed} tok/s single-stream = {out['speedup']}x the "
+            f"base's {base_speed}")
+    return out
+
+
+def tune_speculative_table(rows, base, label):
+    """The markdown table of a speculative tune: the base, then each profile with its figures and verdict."""
+    def cell(value):
+        return "-" if value is None else str(value)
+
+    base_fig = (base or {}).get("figures") or {}
+    lines = [f"| profile | {label} decode tok/s (1 stream) | speedup | accept length | accept rate | ITL p50 ms | "
+             "verdict |", "|---|---|---|---|---|---|---|",
+             f"| base (what the group ran) | {cell(base_fig.get('decode_tok_s'))} | 1.0 | - | - | "
+             f"{cell(base_fig.get('itl_ms_p50'))} | - |"]
+    for row in rows:
+        fig = row.get("figures") or {}
+        lines.append(f"| {row['name']} | {cell(fig.get('decode_tok_s'))} | {cell(row.get('speedup'))} | "
+                     f"{cell(row.get('accept_length'))} | {cell(row.get('accept_rate'))} | {cell(fig.get('itl_ms_p50'))} "
+                     f"| {row['why']} |")
+    return lines
+
+
 def _count(value):
     return inputs.whole_number(value, signed=False, integral_float=False)
 
@@ -328,4 +425,8 @@ class FilterModule:
             "tune_table": tune_table,
             "tune_profiles": tune_profiles,
             "tune_figures": tune_figures,
+            "tune_speculative_problems": tune_speculative_problems,
+            "tune_speculative_contexts": tune_speculative_contexts,
+            "tune_speculative_verdict": tune_speculative_verdict,
+            "tune_speculative_table": tune_speculative_table,
         }

@@ -22,7 +22,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
-from tests.lib.supervised import REVISION, checkpoint_files, generate
+from tests.lib.supervised import MODEL_DIR, REVISION, checkpoint_files, generate
 
 CONTEXTS = [65536, 131072, 262144]
 BUDGET = 2 * 65536
@@ -142,3 +142,79 @@ def test_a_second_run_resumes_and_ends_on_the_profile_tune_apply_names(tuned, si
     newest = sorted(out.glob("tune-*Z.json"))[-1]
     assert [(r["context"], r["max_requests"]) for r in json.loads(newest.read_text())["frontier"]] == \
         [(r["context"], r["max_requests"]) for r in report["frontier"]]
+
+
+# Speculative profiles (tune_speculative): two next-token-head chains measured against what the group runs. At the
+# stand-in's acceptance of 0.6 per drafted token a 1-step chain yields 1.6 tokens per step for 1.29 steps' time
+# and an 8-step chain 2.48 tokens for 3.18 steps' time (tests/standins/lib/sglang_server.py, speculation()): the
+# first beats the base, the second is slower than it, whatever the machine's load adds to every step alike.
+SPECULATIVE = {
+    "mtp1": {"speculative-algorithm": "EAGLE", "speculative-num-steps": 1, "speculative-eagle-topk": 1,
+             "speculative-num-draft-tokens": 2},
+    "mtp8": {"speculative-algorithm": "NEXTN", "speculative-num-steps": 8, "speculative-eagle-topk": 1,
+             "speculative-num-draft-tokens": 9},
+}
+
+
+def speculative_inventory(site, tmp_path_factory, **group_vars):
+    """The site's inventory with the profiles and the running point (ctx131072-req1, which the last run applied)."""
+    inv = tmp_path_factory.mktemp("inventory")
+    data = json.loads((site.inventory / "hosts.json").read_text())
+    data["spark"].setdefault("vars", {}).update({
+        "server_profile": "ctx131072-req1",
+        "server_profiles": {"ctx131072-req1": {"context-length": 131072, "max-running-requests": 1}, **SPECULATIVE},
+        **group_vars})
+    (inv / "hosts.json").write_text(json.dumps(data))
+    (inv / "group_vars").symlink_to((site.inventory / "group_vars").resolve())
+    for extra in site.inventory.iterdir():
+        if extra.name.startswith(".") and not (inv / extra.name).exists():
+            (inv / extra.name).symlink_to(extra.resolve())
+    return inv
+
+
+def test_a_speculative_profile_without_the_gb10_tile_is_refused_before_any_change(site, tmp_path_factory):
+    inv = speculative_inventory(site, tmp_path_factory)
+    before = [started(n) for n in site.nodes]
+    result = run_playbook("playbooks/tune.yml", inv, extravars={**PINNED, "tune_speculative": ["mtp1"]})
+    assert result.rc != 0
+    assert result.changed_before_first_failure() == []
+    message = result.failure_messages()
+    assert "Refusing the speculative profiles tune_speculative names" in message, message
+    assert "server_profiles['mtp1'] with server_flag_overrides: --speculative-algorithm EAGLE with " \
+           "server_speculative_tile = false" in message, message
+    assert [started(n) for n in site.nodes] == before
+
+
+def test_a_speculative_profile_is_promoted_or_refused_by_measurement(site, tmp_path_factory):
+    inv = speculative_inventory(site, tmp_path_factory, server_speculative_tile=True)
+    out = tmp_path_factory.mktemp("speculative")
+    for n in site.nodes:
+        # The image carries the GB10 tile for the drafter's verify shapes (what server_speculative_tile declares),
+        # and the checkpoint its next-token heads.
+        sim.set_knobs(site.instance, n.name, {"sglang": {"tilelang_verify_tile": "gb10"}})
+        sh(n, f"echo '{{\"num_nextn_predict_layers\": 1}}' > {MODEL_DIR}/config.json")
+    result = run_playbook("playbooks/tune.yml", inv, timeout=1800, extravars={
+        **PINNED, "tune_speculative": list(SPECULATIVE), "tune_apply": "mtp1", "tune_dir": str(out),
+        "benchmark_max_tokens": 64, "benchmark_min_requests": 2, "benchmark_rounds": 1})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-5000:]
+    report = json.loads(next(out.glob("tune-*-speculative.json")).read_text())
+    rows = {r["name"]: r for r in report["profiles"]}
+    assert report["base"]["metrics"] == {"sglang:spec_accept_length": 0.0, "sglang:spec_accept_rate": 0.0}
+    assert rows["mtp1"]["accept_length"] == pytest.approx(1.6) and rows["mtp1"]["accept_rate"] == pytest.approx(0.6)
+    assert rows["mtp8"]["accept_length"] == pytest.approx(2.4748, abs=1e-3)
+    assert rows["mtp1"]["promoted"] is True and rows["mtp1"]["speedup"] > 1.05, rows["mtp1"]
+    assert rows["mtp8"]["promoted"] is False and rows["mtp8"]["speedup"] < 1.0, rows["mtp8"]
+    assert "below tune_speculative_min_speedup 1.05" in rows["mtp8"]["why"]
+    assert report["promoted"] == ["mtp1"]
+    # Each profile answered the verify questions at the running point (131072 x 1) with its own flags.
+    for name in SPECULATIVE:
+        verified = json.loads(next(out.glob(f"tune-*/verify-{name}.json")).read_text())
+        assert verified["ok"] is True, verified["checks"]
+    # The group ends on the promoted profile, exactly as measured, and serves.
+    args = json.loads(sh(site.nodes[0], f"cat {ARGS}"))
+    assert args[args.index("--speculative-algorithm") + 1] == "EAGLE"
+    assert args[args.index("--speculative-num-steps") + 1] == "1"
+    assert running(site.nodes[0]) == (131072, 1)
+    assert generate(site)
+    table = (next(out.glob("tune-*-speculative.md"))).read_text()
+    assert "| base (what the group ran) |" in table and "| mtp8 |" in table
