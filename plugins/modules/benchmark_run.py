@@ -244,7 +244,7 @@ def read_metrics(module, ep):
     for name in module.params["metrics"]:
         values[name] = None
         for line in text.splitlines():
-            head, _, value = line.rpartition(" ")
+            head, _sep, value = line.rpartition(" ")
             if head == name or head.startswith(name + "{"):
                 try:
                     values[name] = float(value)
