@@ -377,8 +377,8 @@ def tune_speculative_verdict(row, base, min_speedup, model):
     elif out["speedup"] is None or out["speedup"] < floor:
         out["promoted"], out["why"] = False, (
             f"not promoted: {inputs.shown(speed)} tok/s single-stream is {inputs.shown(out['speedup'])}x the base's "
-            f"{inputs.shown(base_speed)}, below tune_speculative_min_speedup {floor} (the verify steps cost more than "
-            "the accepted tokens save)")
+            f"{inputs.shown(base_speed)}, below tune_speculative_min_speedup {floor} (drafting and verifying cost more "
+            "than the accepted tokens save)")
     else:
         out["promoted"], out["why"] = True, (
             f"promoted: accept length {out['accept_length']:.2f}, {speed} tok/s single-stream = {out['speedup']}x the "

@@ -148,11 +148,12 @@ def test_a_second_run_resumes_and_ends_on_the_profile_tune_apply_names(tuned, si
 # stand-in's acceptance of 0.6 per drafted token a 1-step chain yields 1.6 tokens per step for 1.29 steps' time
 # and an 8-step chain 2.48 tokens for 3.18 steps' time (tests/standins/lib/sglang_server.py, speculation()): the
 # first beats the base, the second is slower than it, whatever the machine's load adds to every step alike.
+# mtp1 last: the tune then ends on it (tune_apply) without another restart.
 SPECULATIVE = {
-    "mtp1": {"speculative-algorithm": "EAGLE", "speculative-num-steps": 1, "speculative-eagle-topk": 1,
-             "speculative-num-draft-tokens": 2},
     "mtp8": {"speculative-algorithm": "NEXTN", "speculative-num-steps": 8, "speculative-eagle-topk": 1,
              "speculative-num-draft-tokens": 9},
+    "mtp1": {"speculative-algorithm": "EAGLE", "speculative-num-steps": 1, "speculative-eagle-topk": 1,
+             "speculative-num-draft-tokens": 2},
 }
 
 
