@@ -347,6 +347,28 @@ def tune_speculative_problems(names, profiles, model, min_speedup=None, apply=No
     return problems
 
 
+def tune_speculative_running(contents, base_flags, model):
+    """How the ranks' speculative flags (each rank's server-args.json, slurped) differ from the base the inventory
+    deploys: the base is measured as it runs, so a group left on another drafter would be measured as the base.
+    One line per rank and flag that differs; empty when they agree."""
+    spec = model.get("speculative") or {}
+    names = [n for n in (spec.get("algorithm_flag"), spec.get("draft_flag"), spec.get("steps_flag"),
+                         spec.get("topk_flag"), spec.get("draft_tokens_flag")) if n]
+    wanted = {n: str(base_flags[n]) for n in names if (base_flags or {}).get(n) not in (None, False)}
+    out = []
+    for host, content in (contents or {}).items():
+        try:
+            args = json.loads(base64.b64decode(content or "").decode() or "[]")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            args = []
+        runs = {n: str(v) for n, v in launch_flags(args).items() if n in names}
+        for name in names:
+            if runs.get(name) != wanted.get(name):
+                out.append(f"{host} runs --{name} {runs.get(name, '(unset)')}, the inventory deploys "
+                           f"{wanted.get(name, '(unset)')}")
+    return out
+
+
 def tune_speculative_contexts(names, ctx):
     """The server plan's input for each named profile (the inventory check refuses each one's problems)."""
     return [dict(ctx, server_profile=name) for name in names or []]
@@ -354,8 +376,9 @@ def tune_speculative_contexts(names, ctx):
 
 def tune_speculative_verdict(row, base, min_speedup, model):
     """A measured profile's row with its verdict: promoted only when it started, its accept length beats the base's
-    one token per step and its single-stream decode speed is at least `min_speedup` times the base's, on the same
-    prompts. `row` and `base` carry `figures` (tune_figures) and `metrics` (the engine's gauges by name)."""
+    (one token per decoding step without a drafter; a base that drafts itself has its own) and its single-stream
+    decode speed is at least `min_speedup` times the base's, on the same prompts. `row` and `base` carry `figures`
+    (tune_figures) and `metrics` (the engine's gauges by name; a gauge of 0 is no drafter)."""
     names = (model.get("speculative") or {}).get("metrics") or {}
 
     def read(entry, key):
@@ -368,12 +391,14 @@ def tune_speculative_verdict(row, base, min_speedup, model):
     out["accept_length"], out["accept_rate"] = read(row, "accept_length"), read(row, "accept_rate")
     out["speedup"] = round(speed / base_speed, 3) if speed and base_speed else None
     floor = float(min_speedup)
+    base_accept = max(read(base, "accept_length") or 0.0, 1.0)
+    base_says = "one token per decoding step" if base_accept == 1.0 else f"accept length {base_accept:g}"
     if not row.get("started"):
         out["promoted"], out["why"] = False, f"not promoted: {row.get('reason') or 'did not start'}"
-    elif not out["accept_length"] or out["accept_length"] <= 1.0:
+    elif not out["accept_length"] or out["accept_length"] <= base_accept:
         out["promoted"], out["why"] = False, (
-            f"not promoted: accept length {inputs.shown(out['accept_length'])} is no better than the base's one token "
-            "per decoding step (the drafted tokens are rejected)")
+            f"not promoted: accept length {inputs.shown(out['accept_length'])} is no better than the base's {base_says}"
+            + (" (the drafted tokens are rejected)" if base_accept == 1.0 else ""))
     elif out["speedup"] is None or out["speedup"] < floor:
         out["promoted"], out["why"] = False, (
             f"not promoted: {inputs.shown(speed)} tok/s single-stream is {inputs.shown(out['speedup'])}x the base's "
@@ -386,15 +411,17 @@ def tune_speculative_verdict(row, base, min_speedup, model):
     return out
 
 
-def tune_speculative_table(rows, base, label):
+def tune_speculative_table(rows, base, model):
     """The markdown table of a speculative tune: the base, then each profile with its figures and verdict."""
     def cell(value):
-        return "-" if value is None else str(value)
+        return "-" if value in (None, 0, 0.0) else str(value)
 
-    base_fig = (base or {}).get("figures") or {}
-    lines = [f"| profile | {label} decode tok/s (1 stream) | speedup | accept length | accept rate | ITL p50 ms | "
-             "verdict |", "|---|---|---|---|---|---|---|",
-             f"| base (what the group ran) | {cell(base_fig.get('decode_tok_s'))} | 1.0 | - | - | "
+    names = (model.get("speculative") or {}).get("metrics") or {}
+    base_fig, base_metrics = (base or {}).get("figures") or {}, (base or {}).get("metrics") or {}
+    lines = [f"| profile | {model.get('label')} decode tok/s (1 stream) | speedup | accept length | accept rate | "
+             "ITL p50 ms | verdict |", "|---|---|---|---|---|---|---|",
+             f"| base (what the group ran) | {cell(base_fig.get('decode_tok_s'))} | 1.0 | "
+             f"{cell(base_metrics.get(names.get('accept_length')))} | {cell(base_metrics.get(names.get('accept_rate')))} | "
              f"{cell(base_fig.get('itl_ms_p50'))} | - |"]
     for row in rows:
         fig = row.get("figures") or {}
@@ -427,6 +454,7 @@ class FilterModule:
             "tune_figures": tune_figures,
             "tune_speculative_problems": tune_speculative_problems,
             "tune_speculative_contexts": tune_speculative_contexts,
+            "tune_speculative_running": tune_speculative_running,
             "tune_speculative_verdict": tune_speculative_verdict,
             "tune_speculative_table": tune_speculative_table,
         }

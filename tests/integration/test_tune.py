@@ -219,3 +219,42 @@ def test_a_speculative_profile_is_promoted_or_refused_by_measurement(site, tmp_p
     assert generate(site)
     table = (next(out.glob("tune-*-speculative.md"))).read_text()
     assert "| base (what the group ran) |" in table and "| mtp8 |" in table
+
+
+def test_a_group_left_on_another_drafter_is_refused_as_the_base(site, tmp_path_factory):
+    # The group runs mtp1 (the last test applied it); this inventory deploys no drafter at the same point.
+    inv = speculative_inventory(site, tmp_path_factory, server_speculative_tile=True)
+    before = [started(n) for n in site.nodes]
+    result = run_playbook("playbooks/tune.yml", inv, extravars={**PINNED, "tune_speculative": ["mtp8"]})
+    assert result.rc != 0
+    assert result.changed_before_first_failure() == []
+    message = result.failure_messages()
+    assert "spark-0 runs --speculative-algorithm EAGLE, the inventory deploys (unset)" in message, message
+    assert "Fix: deploy the inventory first" in message
+    assert [started(n) for n in site.nodes] == before
+
+
+def test_tune_apply_of_a_profile_that_does_not_beat_the_base_is_refused_and_the_base_kept(site, tmp_path_factory):
+    # The inventory now deploys what runs: mtp1 at 131072 x 1, the base mtp8 must beat on acceptance and speed.
+    mtp1 = {"context-length": 131072, "max-running-requests": 1, **SPECULATIVE["mtp1"]}
+    inv = speculative_inventory(site, tmp_path_factory, server_speculative_tile=True, server_profile="mtp1-131072")
+    data = json.loads((inv / "hosts.json").read_text())
+    data["spark"]["vars"]["server_profiles"]["mtp1-131072"] = mtp1
+    (inv / "hosts.json").write_text(json.dumps(data))
+    out = tmp_path_factory.mktemp("speculative")
+    result = run_playbook("playbooks/tune.yml", inv, timeout=1800, extravars={
+        **PINNED, "tune_speculative": ["mtp8"], "tune_apply": "mtp8", "tune_dir": str(out),
+        "benchmark_max_tokens": 64, "benchmark_min_requests": 2, "benchmark_rounds": 1})
+    assert result.rc != 0
+    assert {d["task"] for d in result.failed} == {"Refuse to apply a profile the figures did not promote"}
+    message = result.failure_messages()
+    assert "tune_apply = mtp8: not applied, not promoted:" in message, message
+    report = json.loads(next(out.glob("tune-*-speculative.json")).read_text())
+    assert report["base"]["metrics"]["sglang:spec_accept_length"] == pytest.approx(1.6)
+    [row] = report["profiles"]
+    assert row["accept_length"] > 1.6 and row["speedup"] < 1.0 and row["promoted"] is False, row
+    # Back on the base, the inventory's mtp1, and serving.
+    args = json.loads(sh(site.nodes[0], f"cat {ARGS}"))
+    assert args[args.index("--speculative-num-steps") + 1] == "1"
+    assert running(site.nodes[0]) == (131072, 1)
+    assert generate(site)

@@ -7,7 +7,9 @@ tune reaches on the simulated pair for the same settings.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,6 +75,14 @@ def test_rejected_drafts_are_not_promoted_whatever_the_speed():
     assert verdict(dict(measured(PROFILES["mtp3"]), metrics={}))["promoted"] is False
 
 
+def test_against_a_base_that_drafts_itself_the_acceptance_must_beat_its_own():
+    mtp3 = measured(PROFILES["mtp3"])
+    shallow = dict(measured({"speculative-algorithm": "EAGLE", "speculative-num-steps": 1}), name="mtp1")
+    row = TUNE.tune_speculative_verdict(shallow, mtp3, 1.0, MODEL)
+    assert row["promoted"] is False
+    assert row["why"] == "not promoted: accept length 1.6 is no better than the base's accept length 2.176"
+
+
 def test_a_speedup_under_the_threshold_is_not_promoted():
     assert verdict(measured(PROFILES["mtp3"]), min_speedup=1.2)["promoted"] is False
     assert verdict(measured(PROFILES["mtp3"]), min_speedup=1.15)["promoted"] is True
@@ -86,8 +96,11 @@ def test_a_profile_that_did_not_start_is_not_promoted_and_says_why():
 
 def test_the_table_shows_the_base_and_each_profile_with_its_verdict():
     rows = [TUNE.tune_speculative_verdict(dict(measured(PROFILES["mtp3"]), name="mtp3"), BASE, 1.05, MODEL)]
-    lines = TUNE.tune_speculative_table(rows, BASE, "SGLang")
-    assert lines[2].startswith("| base (what the group ran) | 100.0 | 1.0 |")
+    lines = TUNE.tune_speculative_table(rows, BASE, MODEL)
+    assert lines[0].startswith("| profile | SGLang decode tok/s (1 stream) |")
+    assert lines[2].startswith("| base (what the group ran) | 100.0 | 1.0 | - | - |")
+    drafting = TUNE.tune_speculative_table([], measured(PROFILES["mtp3"]), MODEL)
+    assert drafting[2].startswith("| base (what the group ran) | 118.9 | 1.0 | 2.176 | 0.392 |")
     assert lines[3].startswith("| mtp3 | 118.9 | 1.189 | 2.176 | 0.392 |") and "promoted" in lines[3]
 
 
@@ -119,3 +132,21 @@ def test_tune_apply_may_name_only_a_profile_this_run_measures():
 def test_an_engine_without_a_speculative_model_is_refused():
     [error] = TUNE.tune_speculative_problems(["mtp3"], PROFILES, flag_models()["vllm"])
     assert "speculative decoding on vLLM is not modelled" in error
+
+
+def slurped(args):
+    return base64.b64encode(json.dumps(args).encode()).decode()
+
+
+def test_a_group_running_another_drafter_than_the_inventorys_is_told_per_rank_and_flag():
+    seed = ["--model-path", "/models/glm53", "--context-length", "131072"]
+    mtp1 = [*seed, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1"]
+    assert TUNE.tune_speculative_running({"spark-0": slurped(seed), "spark-1": slurped(seed)}, {}, MODEL) == []
+    base = {"speculative-algorithm": "EAGLE", "speculative-num-steps": 1, "context-length": 131072}
+    assert TUNE.tune_speculative_running({"spark-0": slurped(mtp1)}, base, MODEL) == []
+    assert TUNE.tune_speculative_running({"spark-0": slurped(mtp1), "spark-1": slurped(seed)}, {}, MODEL) == [
+        "spark-0 runs --speculative-algorithm EAGLE, the inventory deploys (unset)",
+        "spark-0 runs --speculative-num-steps 1, the inventory deploys (unset)"]
+    assert TUNE.tune_speculative_running({"spark-1": slurped(seed)}, base, MODEL) == [
+        "spark-1 runs --speculative-algorithm (unset), the inventory deploys EAGLE",
+        "spark-1 runs --speculative-num-steps (unset), the inventory deploys 1"]
