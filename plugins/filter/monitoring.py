@@ -569,7 +569,13 @@ def monitoring_dashboard(dashboard, ctx):
             panel["targets"] = targets
         panels.append(panel)
     out["panels"] = panels
-    out["tags"] = [engine.get("engine") or "engine", *(dashboard.get("tags") or [])]
+    name = engine.get("engine") or "engine"
+    out["tags"] = [name, *(dashboard.get("tags") or [])]
+    # One Grafana may hold an SGLang site's dashboard and a vLLM site's: each engine's its own uid (SGLang's is the
+    # shipped one, which sites have stored since 1.0) and its own title.
+    out["uid"] = str(dashboard.get("uid") or "spark-sglang-glm53").replace("sglang", name, 1)
+    if name != "sglang":
+        out["title"] = f"{dashboard.get('title', 'LLM TP group')} - {engine.get('label') or name}"
     templating = []
     for given in (dashboard.get("templating") or {}).get("list", []):
         var = dict(given)

@@ -115,6 +115,15 @@ def test_sglang_keeps_every_panel_query_and_vllm_loses_only_those_of_figures_it_
     assert dashboard("vllm")["tags"][0] == "vllm" and dashboard("sglang")["tags"][0] == "sglang"
 
 
+def test_each_engine_has_its_own_dashboard_in_a_shared_grafana():
+    shipped = json.loads(DASHBOARD.read_text())
+    sglang, vllm = dashboard("sglang"), dashboard("vllm")
+    # SGLang's keeps the uid and title sites have stored since 1.0; vLLM's would otherwise overwrite it.
+    assert (sglang["uid"], sglang["title"]) == (shipped["uid"], shipped["title"]) == (
+        "spark-sglang-glm53", "LLM TP group (GLM-5.3 on DGX Spark)")
+    assert (vllm["uid"], vllm["title"]) == ("spark-vllm-glm53", "LLM TP group (GLM-5.3 on DGX Spark) - vLLM")
+
+
 def test_a_figure_no_flag_model_knows_fails_the_translation():
     engine = FILTER._engine({"engine": flag_model("vllm")})
     assert FILTER.engine_expression("rate(engine:e2e_latency_count[1m])", engine) == \
