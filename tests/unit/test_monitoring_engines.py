@@ -78,7 +78,12 @@ def test_both_engines_map_the_same_figures_each_to_a_family_its_standin_serves()
     # Only vLLM lacks figures, and SGLang has every one.
     assert [f for f, n in maps["sglang"].items() if n is None] == []
     assert sorted(f for f, n in maps["vllm"].items() if n is None) == [
-        "generation_throughput", "kv_cache_pool_tokens", "kv_cache_used_tokens"]
+        "generation_throughput", "kv_cache_pool_tokens", "kv_cache_used_tokens", "speculative_accept_length",
+        "speculative_accept_rate"]
+    # The dashboard's acceptance is the gauges the tune promotes a speculative profile by.
+    speculative = flag_model("sglang")["speculative"]["metrics"]
+    assert (maps["sglang"]["speculative_accept_length"], maps["sglang"]["speculative_accept_rate"]) == (
+        speculative["accept_length"], speculative["accept_rate"])
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -108,10 +113,12 @@ def test_sglang_keeps_every_panel_query_and_vllm_loses_only_those_of_figures_it_
     lacking = {f for f, n in flag_model("vllm")["monitoring"]["metrics"].items() if n is None}
     dropped = [(p["title"], t["legendFormat"]) for p in shipped["panels"] for t in p.get("targets", [])
                if {m.split(":", 1)[1] for m in engine_prefixed(promql_metrics(t["expr"]))} & lacking]
-    assert dropped == [("Throughput (tokens/s)", "scheduler's gen throughput"), ("KV cache", "used / pool")]
+    assert dropped == [("Throughput (tokens/s)", "scheduler's gen throughput"), ("KV cache", "used / pool"),
+                       ("Speculative decoding", "accept length"), ("Speculative decoding", "accept rate")]
     assert targets["vllm"] == [t for t in every if t not in dropped]
-    # No panel is left without a query, and the tags name the engine.
-    assert [p["title"] for p in dashboard("vllm")["panels"]] == [p["title"] for p in shipped["panels"]]
+    # A panel left without a query goes with it (vLLM's has no speculative acceptance), and the tags name the engine.
+    assert [p["title"] for p in dashboard("vllm")["panels"]] == [p["title"] for p in shipped["panels"]
+                                                                   if p["title"] != "Speculative decoding"]
     assert dashboard("vllm")["tags"][0] == "vllm" and dashboard("sglang")["tags"][0] == "sglang"
 
 
