@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import image_build, inputs
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import speculative_flags
 
 # Values end up unquoted in a systemd ExecStart line: whitespace, quotes, `$`,
 # `%` (systemd specifiers), `\` and `;` would change what docker receives.
@@ -968,10 +969,10 @@ def _check_speculative(ctx, model, extras, errors):
     """A speculative-decoding setting (the flag model's `speculative` section): refused before any change where it
     could not start on GB10 or would run other settings than it names."""
     spec = model.get("speculative") or {}
-    algo_flag = spec.get("algorithm_flag")
-    settings = [spec.get(k) for k in ("steps_flag", "topk_flag", "draft_tokens_flag")]
+    flags = speculative_flags(model)
+    algo_flag, settings = flags["algorithm"], flags["settings"]
     given = {name: value for name, value in extras.items() if value is not None
-             and (name in (algo_flag, spec.get("draft_flag"), *settings) or not spec and name.startswith("speculative"))}
+             and (name in (algo_flag, flags["draft"], *settings) or not spec and name.startswith("speculative"))}
     if not given:
         return
     profile = ctx.get(PROFILE) or "default"

@@ -33,6 +33,7 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models 
 )
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import (
     launch_flags,
+    speculative_flags,
 )
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -138,13 +139,18 @@ def tune_candidate(base, context, requests, model):
     return {**(base or {}), names["context"]: int(context), names["concurrency"]: int(requests)}
 
 
-def tune_args_point(content, model):
-    """[context, concurrency] of a rank's server-args.json (slurped, base64), None for a flag it lacks."""
+def _slurped_flags(content):
+    """{flag: value} of a rank's server-args.json as slurp read it (base64); {} when it is not there or unreadable."""
     try:
         args = json.loads(base64.b64decode(content or "").decode() or "[]")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         args = []
-    flags = launch_flags(args)
+    return launch_flags(args)
+
+
+def tune_args_point(content, model):
+    """[context, concurrency] of a rank's server-args.json (slurped, base64), None for a flag it lacks."""
+    flags = _slurped_flags(content)
     return [_count(flags.get(_capacity(model, role)["name"])) for role in ROLES]
 
 
@@ -351,17 +357,12 @@ def tune_speculative_running(contents, base_flags, model):
     """How the ranks' speculative flags (each rank's server-args.json, slurped) differ from the base the inventory
     deploys: the base is measured as it runs, so a group left on another drafter would be measured as the base.
     One line per rank and flag that differs; empty when they agree."""
-    spec = model.get("speculative") or {}
-    names = [n for n in (spec.get("algorithm_flag"), spec.get("draft_flag"), spec.get("steps_flag"),
-                         spec.get("topk_flag"), spec.get("draft_tokens_flag")) if n]
+    flags = speculative_flags(model)
+    names = [n for n in (flags["algorithm"], flags["draft"], *flags["settings"]) if n]
     wanted = {n: str(base_flags[n]) for n in names if (base_flags or {}).get(n) not in (None, False)}
     out = []
     for host, content in (contents or {}).items():
-        try:
-            args = json.loads(base64.b64decode(content or "").decode() or "[]")
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            args = []
-        runs = {n: str(v) for n, v in launch_flags(args).items() if n in names}
+        runs = {n: str(v) for n, v in _slurped_flags(content).items() if n in names}
         for name in names:
             if runs.get(name) != wanted.get(name):
                 out.append(f"{host} runs --{name} {runs.get(name, '(unset)')}, the inventory deploys "

@@ -17,6 +17,17 @@ def capacity_flag(model, role):
     return spec
 
 
+SPECULATIVE_SETTINGS = ("steps_flag", "topk_flag", "draft_tokens_flag")
+
+
+def speculative_flags(model):
+    """The flags of the model's `speculative` section: {algorithm, draft, settings: [steps, topk, draft tokens]}, the
+    names the server plan judges and the tune compares a running rank by; empty names where the model has none."""
+    spec = (model or {}).get("speculative") or {}
+    return {"algorithm": spec.get("algorithm_flag"), "draft": spec.get("draft_flag"),
+            "settings": [spec.get(key) for key in SPECULATIVE_SETTINGS]}
+
+
 def flag_names(spec):
     """The flag's name, then its aliases: every key an override or a profile may set it by."""
     return [spec["name"], *spec.get("aliases", [])]
