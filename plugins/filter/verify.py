@@ -12,19 +12,9 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import input
 KIB_PER_GIB = 1024 * 1024
 
 
-def _number(value):
-    """A number as the operator gave it (0.01, "0.01", 3), None otherwise (a switch is no number)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _share(value):
     """A share from 0 to 1, None otherwise."""
-    number = _number(value)
+    number = inputs.decimal(value)
     return number if number is not None and 0 <= number <= 1 else None
 
 
@@ -53,16 +43,16 @@ def verify_plan(ctx):
 
 def _soak_errors(ctx):
     errors = []
-    seconds = _number(ctx.get("verify_soak_seconds"))
+    seconds = inputs.decimal(ctx.get("verify_soak_seconds"))
     if seconds is None or seconds < 0:
         errors.append(f"verify_soak_seconds = {inputs.shown(ctx.get('verify_soak_seconds'))}: must be a number of "
                       "seconds, 0 for no soak. Fix: e.g. verify_soak_seconds: 600 (-e on playbooks/quality.yml).")
     for name, example in (("verify_soak_burst_seconds", 30), ("verify_soak_max_latency_drift", 1.5)):
-        number = _number(ctx.get(name))
+        number = inputs.decimal(ctx.get(name))
         if number is None or number <= 0:
             errors.append(f"{name} = {inputs.shown(ctx.get(name))}: must be a number above 0. Fix: e.g. {name}: {example}.")
     for name, example in (("verify_soak_idle_seconds", 30), ("verify_soak_max_memory_growth_gib", 2)):
-        number = _number(ctx.get(name))
+        number = inputs.decimal(ctx.get(name))
         if number is None or number < 0:
             errors.append(f"{name} = {inputs.shown(ctx.get(name))}: must be a number, 0 or more. Fix: e.g. {name}: {example}.")
     for name, example in (("verify_soak_concurrency", 2), ("verify_soak_prompt_tokens", 256),
