@@ -37,9 +37,9 @@ def measured(flags, acceptance=0.6):
                            speculative_eagle_topk=flags.get("speculative-eagle-topk"),
                            speculative_num_draft_tokens=flags.get("speculative-num-draft-tokens"))
     spec = STANDIN.speculation(args, {**STANDIN.DEFAULTS, "speculative_acceptance": acceptance})
-    factor = spec[4] if spec else 1.0
-    metrics = {"sglang:spec_accept_length": round(spec[3], 4) if spec else 0.0,
-               "sglang:spec_accept_rate": round((spec[3] - 1) / spec[0], 4) if spec else 0.0}
+    factor = spec.time_factor if spec else 1.0
+    metrics = {"sglang:spec_accept_length": round(spec.accept_length, 4) if spec else 0.0,
+               "sglang:spec_accept_rate": round(spec.accept_rate, 4) if spec else 0.0}
     return {"started": True, "figures": {"decode_tok_s": round(1 / (TOKEN_SECONDS * factor), 1)}, "metrics": metrics}
 
 

@@ -62,6 +62,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 # The shared machinery (engine_standin.py) and NCCL's device choice (roce_port.py) are beside this file; no
 # __pycache__ beside them (the node's files are what the shared-node check and uninstall's comparison read).
@@ -269,8 +270,20 @@ def capture_failed(need, rank, what="cuda graph"):
          "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose", rank)
 
 
+class Speculation(NamedTuple):
+    steps: int
+    topk: int
+    draft_tokens: int
+    # Tokens per decoding step, the bonus token included (sglang:spec_accept_length), and the share of the drafted
+    # depth accepted, (length - 1) / steps (sglang:spec_accept_rate).
+    accept_length: float
+    accept_rate: float
+    # A token's time over a plain decoding step's.
+    time_factor: float
+
+
 def speculation(args, k):
-    """(steps, topk, draft tokens, accept length, step-time factor) of --speculative-algorithm, or None without it.
+    """The Speculation of --speculative-algorithm, or None without it.
 
     SGLang's own rules: without settings its auto choice for GLM-style MoE models is 3 steps, topk 1, 4 draft
     tokens, and with topk 1 it sets num-draft-tokens to num-steps + 1 (with the warning below). The accept length
@@ -286,7 +299,7 @@ def speculation(args, k):
     p = 1 - (1 - min(max(float(k["speculative_acceptance"]), 0.0), 0.999)) ** topk
     accept = sum(p ** i for i in range(steps + 1))
     cost = 1 + float(k["speculative_step_cost"]) * steps + float(k["speculative_draft_cost"]) * draft
-    return steps, topk, draft, accept, cost / accept
+    return Speculation(steps, topk, draft, accept, (accept - 1) / steps, cost / accept)
 
 
 def capture(args, rank, k):
@@ -367,9 +380,9 @@ class Metrics(es.Metrics):
             # The scheduler's speculative figures over its last decode log interval: tokens per verify step (the
             # bonus token included) and the share of drafted tokens accepted; 0 without speculative decoding.
             ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
-             [(sch, round(self.speculation[3], 4) if self.speculation else 0.0)]),
+             [(sch, round(self.speculation.accept_length, 4) if self.speculation else 0.0)]),
             ("sglang:spec_accept_rate", "gauge", "The average acceptance rate of speculative decoding.",
-             [(sch, round((self.speculation[3] - 1) / self.speculation[0], 4) if self.speculation else 0.0)]),
+             [(sch, round(self.speculation.accept_rate, 4) if self.speculation else 0.0)]),
             ("sglang:max_total_num_tokens", "gauge", "Maximum total number of tokens in the KV cache pool.",
              [(sch, self.pool_tokens)]),
             ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
@@ -422,7 +435,7 @@ class Engine(es.Engine):
         # the time per token is the stand-in's decoding step times the step-time factor.
         self.speculation = speculation(args, k)
         if self.speculation:
-            self.token_seconds *= self.speculation[4]
+            self.token_seconds *= self.speculation.time_factor
             if self.metrics is not None:
                 self.metrics.speculation = self.speculation
 
@@ -490,7 +503,7 @@ class Engine(es.Engine):
     def decode_log(self, tokens):
         with self.lock:
             self.total_tokens += tokens
-            accept = f"accept len: {self.speculation[3]:.2f}, " if self.speculation else ""
+            accept = f"accept len: {self.speculation.accept_length:.2f}, " if self.speculation else ""
             log(f"Decode batch. #running-req: 1, #token: {self.total_tokens}, token usage: 0.01, {accept}cuda graph: "
                 "True, gen throughput (token/s): 38.41, #queue-req: 0", 0)
 
