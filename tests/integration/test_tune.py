@@ -157,13 +157,15 @@ SPECULATIVE = {
 }
 
 
-def speculative_inventory(site, tmp_path_factory, **group_vars):
-    """The site's inventory with the profiles and the running point (ctx131072-req1, which the last run applied)."""
+def speculative_inventory(site, tmp_path_factory, profiles=None, **group_vars):
+    """The site's inventory with the profiles (SPECULATIVE and `profiles`) and the running point (ctx131072-req1,
+    which the last frontier run applied, unless group_vars name another server_profile)."""
     inv = tmp_path_factory.mktemp("inventory")
     data = json.loads((site.inventory / "hosts.json").read_text())
     data["spark"].setdefault("vars", {}).update({
         "server_profile": "ctx131072-req1",
-        "server_profiles": {"ctx131072-req1": {"context-length": 131072, "max-running-requests": 1}, **SPECULATIVE},
+        "server_profiles": {"ctx131072-req1": {"context-length": 131072, "max-running-requests": 1}, **SPECULATIVE,
+                            **(profiles or {})},
         **group_vars})
     (inv / "hosts.json").write_text(json.dumps(data))
     (inv / "group_vars").symlink_to((site.inventory / "group_vars").resolve())
@@ -237,10 +239,8 @@ def test_a_group_left_on_another_drafter_is_refused_as_the_base(site, tmp_path_f
 def test_tune_apply_of_a_profile_that_does_not_beat_the_base_is_refused_and_the_base_kept(site, tmp_path_factory):
     # The inventory now deploys what runs: mtp1 at 131072 x 1, the base mtp8 must beat on acceptance and speed.
     mtp1 = {"context-length": 131072, "max-running-requests": 1, **SPECULATIVE["mtp1"]}
-    inv = speculative_inventory(site, tmp_path_factory, server_speculative_tile=True, server_profile="mtp1-131072")
-    data = json.loads((inv / "hosts.json").read_text())
-    data["spark"]["vars"]["server_profiles"]["mtp1-131072"] = mtp1
-    (inv / "hosts.json").write_text(json.dumps(data))
+    inv = speculative_inventory(site, tmp_path_factory, {"mtp1-131072": mtp1}, server_speculative_tile=True,
+                                server_profile="mtp1-131072")
     out = tmp_path_factory.mktemp("speculative")
     result = run_playbook("playbooks/tune.yml", inv, timeout=1800, extravars={
         **PINNED, "tune_speculative": ["mtp8"], "tune_apply": "mtp8", "tune_dir": str(out),
