@@ -175,17 +175,22 @@ def speculative_inventory(site, tmp_path_factory, profiles=None, **group_vars):
     return inv
 
 
-def test_a_speculative_profile_without_the_gb10_tile_is_refused_before_any_change(site, tmp_path_factory):
-    inv = speculative_inventory(site, tmp_path_factory)
+def refused_before_any_change(site, inv, profiles) -> str:
+    """The failure messages of a speculative tune of `profiles` that must change nothing: no task changed before
+    the refusal, and no rank restarted."""
     before = [started(n) for n in site.nodes]
-    result = run_playbook("playbooks/tune.yml", inv, extravars={**PINNED, "tune_speculative": ["mtp1"]})
+    result = run_playbook("playbooks/tune.yml", inv, extravars={**PINNED, "tune_speculative": profiles})
     assert result.rc != 0
     assert result.changed_before_first_failure() == []
-    message = result.failure_messages()
+    assert [started(n) for n in site.nodes] == before
+    return result.failure_messages()
+
+
+def test_a_speculative_profile_without_the_gb10_tile_is_refused_before_any_change(site, tmp_path_factory):
+    message = refused_before_any_change(site, speculative_inventory(site, tmp_path_factory), ["mtp1"])
     assert "Refusing the speculative profiles tune_speculative names" in message, message
     assert "server_profiles['mtp1'] with server_flag_overrides: --speculative-algorithm EAGLE with " \
            "server_speculative_tile = false" in message, message
-    assert [started(n) for n in site.nodes] == before
 
 
 def test_a_speculative_profile_is_promoted_or_refused_by_measurement(site, tmp_path_factory):
@@ -226,14 +231,9 @@ def test_a_speculative_profile_is_promoted_or_refused_by_measurement(site, tmp_p
 def test_a_group_left_on_another_drafter_is_refused_as_the_base(site, tmp_path_factory):
     # The group runs mtp1 (the last test applied it); this inventory deploys no drafter at the same point.
     inv = speculative_inventory(site, tmp_path_factory, server_speculative_tile=True)
-    before = [started(n) for n in site.nodes]
-    result = run_playbook("playbooks/tune.yml", inv, extravars={**PINNED, "tune_speculative": ["mtp8"]})
-    assert result.rc != 0
-    assert result.changed_before_first_failure() == []
-    message = result.failure_messages()
+    message = refused_before_any_change(site, inv, ["mtp8"])
     assert "spark-0 runs --speculative-algorithm EAGLE, the inventory deploys (unset)" in message, message
     assert "Fix: deploy the inventory first" in message
-    assert [started(n) for n in site.nodes] == before
 
 
 def test_tune_apply_of_a_profile_that_does_not_beat_the_base_is_refused_and_the_base_kept(site, tmp_path_factory):
