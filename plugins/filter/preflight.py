@@ -192,6 +192,7 @@ def preflight_facts(probes):
              unit: {status: {ActiveState, ControlGroup}} (the probe module's, in systemd_service's shape),
              container: {name, id} of the unit's container (id "" if none),
              gpu, docker, disk: command results, meminfo: slurp result, netdevs: find result,
+             checkpoints: {here, beside} (the probe module's records beside the model directory),
              links: {interface: {up, carrier, operstate}} of the fabric ports,
              peer_links: {peer host of this run: its links}}
     """
@@ -219,6 +220,9 @@ def preflight_facts(probes):
         "docker": _docker(probes.get("docker")),
         "memory": {"available_mib": _meminfo_mib(meminfo, "MemAvailable"), "swap_mib": _meminfo_mib(meminfo, "SwapTotal")},
         "disk": _disk(probes.get("disk")),
+        # The checkpoint records beside the model directory: its own (None without one) and the other builds'.
+        "checkpoint_here": ((probes.get("checkpoints") or {}).get("here") or None),
+        "checkpoints_beside": list((probes.get("checkpoints") or {}).get("beside") or []),
         "netdevs": sorted(f["path"].rsplit("/", 1)[-1] for f in (probes.get("netdevs") or {}).get("files") or []),
         # The fabric ports' link state: down (administratively), or up without carrier.
         "links": links,

@@ -965,6 +965,18 @@ def _check_metrics_served(ctx, model, flags, errors):
     )
 
 
+def _check_checkpoint_build(ctx, flags, errors):
+    """A flag the named checkpoint build cannot serve with (its refused_flags), wherever the arguments got it."""
+    refused = ctx.get("server_checkpoint_refused_flags") or {}
+    if not isinstance(refused, dict):
+        return
+    given = {name: value for name, value in flags.items() if value not in (None, False)}
+    for flag in sorted(refused):
+        if str(flag).removeprefix("--") in given:
+            errors.append(f"spark_checkpoint_build={ctx.get('server_checkpoint_build')!r} cannot serve with {flag}: "
+                          f"{refused[flag]}. Fix: remove {flag} from {OVR} (or the profile), or name another build.")
+
+
 def _check_speculative(ctx, model, extras, errors):
     """A speculative-decoding setting (the flag model's `speculative` section): refused before any change where it
     could not start on GB10 or would run other settings than it names."""
@@ -1067,6 +1079,7 @@ def server_plan(ctx, model, hostvars=None):
     _check_combinations(model, effective, errors)
     _check_metrics_served(ctx, model, {**extras, **effective}, errors)
     _check_speculative(ctx, model, extras, errors)
+    _check_checkpoint_build(ctx, {**extras, **effective}, errors)
     model_dir = _check_model_dir(ctx.get("server_model_dir"), errors)
     nodes, head = _check_topology(ctx, errors)
     port, dist = _check_scalars(ctx, model, errors)

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import site_groups
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import checkpoint_builds, site_groups
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import checkpoint_paths
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.flag_models import CAPACITY_ROLES, capacity_flag
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.node_names import credentials, layout
@@ -40,6 +40,11 @@ def spark_checkpoint_paths(model_dir):
     """The record, stamp and partial directories beside a model directory: the rule the checkpoint modules
     apply to their defaults (plugins/module_utils/checkpoint_common.py), for the roles' tasks."""
     return checkpoint_paths(str(model_dir))
+
+
+def spark_checkpoint_build_errors(name, known, site, settings):
+    """Every reason the named checkpoint build (and the site's table of builds) cannot be deployed, with the fix."""
+    return checkpoint_builds.build_errors(name, dict(known or {}), site, dict(settings or {}))
 
 
 def spark_project_dir(playbook_dir):
@@ -202,4 +207,4 @@ class FilterModule:
                 "spark_settings_spec": spark_settings_spec, "spark_capacity_flags": spark_capacity_flags,
                 "spark_site_groups": spark_site_groups, "spark_tp_group": spark_tp_group,
                 "spark_site_errors": spark_site_errors, "spark_batches": spark_batches,
-                "spark_gateway": spark_gateway}
+                "spark_gateway": spark_gateway, "spark_checkpoint_build_errors": spark_checkpoint_build_errors}

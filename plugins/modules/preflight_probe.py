@@ -116,6 +116,13 @@ disk:
     rc: {description: The exit status., type: int}
     stdout: {description: The output., type: str}
     stderr: {description: The error output., type: str}
+checkpoints:
+  description:
+    - The checkpoints beside the model directory, each C(<name>.record.json) in its parent (a record the checkpoint
+      role wrote). C(here) is the model directory's own (empty when it has none), C(beside) the others.
+    - "Each has C(dir), C(repo_id), C(revision), C(bytes) and C(verified), whether its verified-stamp exists."
+  returned: always
+  type: dict
 meminfo:
   description: C(/proc/meminfo), as M(ansible.builtin.slurp) returns it.
   returned: unless O(disk_only)
@@ -134,6 +141,7 @@ netdevs:
 """
 
 import base64
+import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -202,6 +210,38 @@ def _unit(module, name):
     return {"status": dict(line.split("=", 1) for line in out.splitlines() if "=" in line)}
 
 
+RECORD_SUFFIX = ".record.json"
+
+
+def _checkpoints(model_dir):
+    """The records in the model directory's parent: its own (here) and the other builds' (beside)."""
+    parent = os.path.dirname(model_dir.rstrip("/"))
+    here, beside = {}, []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(RECORD_SUFFIX) or name.startswith("."):
+            continue
+        directory = os.path.join(parent, name[: -len(RECORD_SUFFIX)])
+        try:
+            with open(os.path.join(parent, name), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        found = {"dir": directory, "repo_id": str(record.get("repo_id") or ""), "revision": str(record.get("revision") or ""),
+                 "bytes": record.get("total_bytes") if isinstance(record.get("total_bytes"), int) else 0,
+                 "verified": os.path.exists(directory + ".verified")}
+        if directory == model_dir.rstrip("/"):
+            here = found
+        else:
+            beside.append(found)
+    return {"here": here, "beside": beside}
+
+
 def _netdevs():
     files = [{"path": os.path.join(NETDEVS, name)} for name in sorted(os.listdir(NETDEVS))]
     return {"files": files, "matched": len(files), "examined": len(files)}
@@ -247,7 +287,8 @@ def main():
     )
     p = module.params
     if p["disk_only"]:
-        module.exit_json(changed=False, disk=_sh(module, "preflight-disk", DISK, p["model_dir"]))
+        module.exit_json(changed=False, disk=_sh(module, "preflight-disk", DISK, p["model_dir"]),
+                         checkpoints=_checkpoints(p["model_dir"]))
     # The unit before the GPU processes: a rank found holding a GPU belongs to a unit seen active.
     unit = _unit(module, p["server_unit"]) if p["server_unit"] else {"status": {}}
     facts = PlatformFactCollector().collect(module=module)
@@ -261,6 +302,7 @@ def main():
         docker=_sh(module, "preflight-docker", DOCKER, "{{json .Runtimes}}", "{{.Id}}", p["server_container"]),
         meminfo=_slurp("/proc/meminfo"),
         disk=_sh(module, "preflight-disk", DISK, p["model_dir"]),
+        checkpoints=_checkpoints(p["model_dir"]),
         netdevs=_netdevs() if p["list_netdevs"] else {"files": [], "matched": 0, "examined": 0},
         links=_links(p["links"]),
     )

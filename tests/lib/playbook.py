@@ -23,8 +23,8 @@ from tests.harness import cluster as sim
 REPO = Path(__file__).resolve().parents[2]
 # The inventory check's one refusal of bad settings (playbooks/tasks/inventory_check.yml), before any play that
 # contacts a node: every concern's plan (server, firewall, supervisor, monitoring) in one task per host.
-SITE_CHECK = ("Refuse settings the server, firewall, supervisor, monitoring, guard, gateway or verify plan finds wrong, "
-              "before any change")
+SITE_CHECK = ("Refuse settings the checkpoint build, server, firewall, supervisor, monitoring, guard, gateway or verify "
+              "plan finds wrong, before any change")
 
 # ansible-runner finds ansible-playbook on PATH: use the one beside this Python.
 _BIN = str(Path(sys.executable).parent)

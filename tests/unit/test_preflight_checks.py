@@ -49,6 +49,7 @@ SETTINGS = {
     "preflight_roce_broken_kernels": {"7.0.0-1019-nvidia": "NCCL's ibv_reg_mr_iova2 fails with ENOMEM at init"},
     "preflight_model_dir": "/opt/models/glm53",
     "preflight_checkpoint_bytes": 48 * MIB,
+    "preflight_checkpoint_repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4",
     "preflight_disk_headroom_bytes": 8 * MIB,
     "preflight_fabric_interfaces": ["enp1s0f1np1"],
 }
@@ -105,6 +106,12 @@ def disk_probe(avail=500 * 1024 * MIB, mount="/", present=0, *, rc=0, stderr="")
         return command(rc, f"     Avail Mounted on\n{avail:>10} {mount}", stderr)
     return command(0, f"     Avail Mounted on\n{avail:>10} {mount}\n{present}")
 
+
+# Records beside the model directory, as the probe reads them.
+SEED = {"dir": "/opt/models/glm53-seed", "repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4", "revision": "a" * 40,
+        "bytes": 48 * MIB, "verified": True}
+ALT = {"dir": "/opt/models/glm53-alt", "repo_id": "SparkSite/GLM-5.3-Flash-NVFP4-alt", "revision": "b" * 40,
+       "bytes": 48 * MIB, "verified": True}
 
 UP_NO_CARRIER = {"enp1s0f1np1": {"up": True, "carrier": False, "operstate": "down"}}
 
@@ -296,6 +303,29 @@ CASES = {
                     "(24.00 MB of the 48.00 MB checkpoint still missing, plus 8.00 MB headroom)", FIX["disk"])]),
     "disk-complete": (probes(disk=disk_probe(avail=16 * MIB, mount="/opt/models", present=48 * MIB)), {}, []),
     "disk-fits": (probes(disk=disk_probe(avail=56 * MIB, mount="/opt/models")), {}, []),
+    # A build switch fetches beside the checkpoints already there: the message names them, for the operator to
+    # choose what to remove (nothing here removes one).
+    "disk-beside-another-build": (
+        probes(disk=disk_probe(avail=32 * MIB, mount="/opt/models"),
+               checkpoints={"here": {}, "beside": [ALT, {**SEED, "verified": False}]}), {},
+        [("fatal", "disk", "/opt/models (holds /opt/models/glm53) has 32.00 MB free, needs 56.00 MB (48.00 MB of the "
+          "48.00 MB checkpoint still missing, plus 8.00 MB headroom); beside it are /opt/models/glm53-alt "
+          "(SparkSite/GLM-5.3-Flash-NVFP4-alt at bbbbbbbbbbbb, 48.00 MB), /opt/models/glm53-seed "
+          "(LibertAIDAI/GLM-5.3-Flash-NVFP4 at aaaaaaaaaaaa, 48.00 MB, not verified)",
+          FIX["disk"][:-1] + "; or remove a checkpoint the group no longer serves (its directory, <dir>.record.json "
+          "and <dir>.verified: the playbooks never delete one, and the one the group serves now is what a failed "
+          "switch goes back to).")]),
+    # The model directory holds another repository's checkpoint: fetching there would overwrite it.
+    "checkpoint-another-build": (
+        probes(checkpoints={"here": {**ALT, "dir": "/opt/models/glm53"}, "beside": []}), {},
+        [("fatal", "checkpoint", "/opt/models/glm53 holds SparkSite/GLM-5.3-Flash-NVFP4-alt at " + "b" * 40
+          + " (verified); this run deploys LibertAIDAI/GLM-5.3-Flash-NVFP4 there, over it",
+          "Give the build a directory of its own: leave spark_model_dir out of the inventory (a named build, "
+          "spark_checkpoint_build, lands in spark_models_root/<its directory>) or set it to a new directory. The "
+          "checkpoint in /opt/models/glm53 stays, for the group to go back to.")]),
+    "checkpoint-same-build": (probes(checkpoints={"here": {**SEED, "dir": "/opt/models/glm53"}, "beside": [ALT]}), {}, []),
+    "checkpoint-unchecked": (probes(checkpoints={"here": {**ALT, "dir": "/opt/models/glm53"}, "beside": []}),
+                             {"preflight_checkpoint_repo_id": ""}, []),
     "fabric": (probes(netdevs=netdevs_probe(("lo", "enp1s0f1np1"))),
                {"preflight_fabric_interfaces": ["enp1s0f1np1", "enp1s0f0np0"]},
                [("fatal", "fabric", "fabric interface(s) enp1s0f0np0 not present (the node has enp1s0f1np1, lo)",
@@ -347,8 +377,8 @@ def test_the_table_names_known_severities_and_has_every_field():
         assert set(entry) <= {"check", "severity", "vars", "when", "problem", "fix"}, entry
         assert {"check", "severity", "when", "problem", "fix"} <= set(entry), entry
     assert {e["check"] for e in CHECKS} == {"arch", "os", "gpu", "gpu-count", "gpu-name", "gpu-cc", "gpu-driver",
-                                            "gpu-busy", "docker", "memory", "swap", "kernel", "cma", "disk", "fabric",
-                                            "fabric-link"}
+                                            "gpu-busy", "docker", "memory", "swap", "kernel", "cma", "disk", "checkpoint",
+                                            "fabric", "fabric-link"}
 
 
 def test_every_fault_of_a_node_is_reported_in_table_order():
