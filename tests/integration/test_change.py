@@ -28,6 +28,7 @@ from tests.harness import cluster as sim
 from tests.lib import node_state, outside_project
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.supervised import api_key_header, generate
+from tests.standins.hub_emulator import build_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -442,3 +443,67 @@ def test_the_built_collection_runs_the_site_from_a_project_of_its_own_and_change
                          "-a", "name=dgx_spark.llm_serving.server tasks_from=status")
     assert status.returncode == 0, status.stdout[-3000:] + status.stderr[-2000:]
     assert status.stdout.count("unit active/running") == len(site.cluster.nodes), status.stdout[-3000:]
+
+
+# Two more builds of the model on the hub emulator, as a site describes its own: one whose weights garble Korean
+# text (the stand-in reads what a build's weights do from its standin-build.json), and one that serves well. Last
+# in the module: the group ends on another build than the inventory's.
+GARBLED = {"corrupt_rate": 1.0, "corrupt_scripts": ["hangul"]}
+
+
+def site_build(info: dict, directory: str) -> dict:
+    return {"repo_id": info["repo_id"], "revision": info["new"], "directory": directory, "bytes": 1 << 20,
+            "shard_count": 120, "model_type": "glm5_next"}
+
+
+def test_a_build_switch_fetches_beside_serves_and_a_build_that_garbles_goes_back(site):
+    cluster = site.cluster
+    root = sim.CACHE_ROOT / "hub"
+    alt = build_checkpoint(root, repo_id="SparkSite/GLM-5.3-Flash-NVFP4-alt", seed=61)
+    garbled = build_checkpoint(root, repo_id="SparkSite/GLM-5.3-Flash-NVFP4-garbled", seed=67,
+                               extra={"standin-build.json": json.dumps(GARBLED).encode()})
+    builds = {"alt": site_build(alt, "glm53-alt"), "garbled": site_build(garbled, "glm53-garbled")}
+
+    def switch(name, **extra):
+        # The harness's inventory pins the seed build's revision (checkpoint_revision): a site that names builds
+        # leaves it out; here the extra variable gives the named build's own, which the build check accepts.
+        return site.play("site.yml", spark_checkpoint_build=name, spark_checkpoint_site_builds=builds,
+                         checkpoint_revision=builds[name]["revision"], **extra)
+
+    def listing(node):
+        return sh(node, "ls /opt/models").split()
+
+    # A model directory pinned by the inventory holds the seed build: the switch is refused before any change.
+    before, served = config(cluster), hub_bytes(cluster)
+    site.kept = last_good(cluster)
+    refused = switch("alt", spark_model_dir="/opt/models/glm53")
+    assert refused.rc != 0 and refused.changed == [], refused.changed
+    said = refused.failure_messages()
+    assert ("/opt/models/glm53 holds LibertAIDAI/GLM-5.3-Flash-NVFP4 at " in said
+            and "this run deploys SparkSite/GLM-5.3-Flash-NVFP4-alt there, over it" in said
+            and "Give the build a directory of its own" in said), said
+    assert config(cluster) == before and hub_bytes(cluster) == served
+
+    # The garbled build: fetched once beside the seed's, verified, served, failed by the corruption gate, and the
+    # group back on the seed build's directory, whose checkpoint nothing touched.
+    seed_stamp = {n.name: sh(n, "stat -c %Y /opt/models/glm53.verified") for n in cluster.nodes}
+    result = switch("garbled")
+    assert_back_on_the_last_good_configuration(site, result, before)
+    assert "failed: gate" in result.failure_messages(), result.failure_messages()
+    for n in cluster.nodes:
+        assert {"glm53", "glm53-garbled", "glm53-garbled.verified"} <= set(listing(n)), listing(n)
+        assert sh(n, "stat -c %Y /opt/models/glm53.verified") == seed_stamp[n.name]
+        assert '"/models/glm53"' in sh(n, f"cat {FILES['args']}")  # the container's path of the model directory
+    assert hub_bytes(cluster) > served
+
+    # The good build serves from a directory of its own; the seed build's stays for a way back.
+    result = switch("alt")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    for n in cluster.nodes:
+        assert '"/models/glm53-alt"' in sh(n, f"cat {FILES['args']}"), n.name
+        assert {"glm53", "glm53.verified", "glm53-alt", "glm53-alt.verified"} <= set(listing(n)), listing(n)
+        # The new build's configuration is the one a later failed change goes back to.
+        assert sh(n, f"grep -rl /opt/models/glm53-alt {LAST_GOOD} || true").strip(), n.name
+    table = "\n".join(next(iter(result.results("Show the verification table").values()))["msg"])
+    assert table.count("PASS") == 6, table
+    assert generate(cluster)

@@ -605,15 +605,19 @@ def _safetensors(tensors: dict[str, bytes]) -> bytes:
 
 
 def build_checkpoint(root: Path | str, repo_id: str = REPO_ID, shards: int = 120, shard_bytes: int = 2048,
-                     seed: int = 53) -> dict:
+                     seed: int = 53, *, extra: dict[str, bytes] | None = None) -> dict:
     """Write two commits of a checkpoint of the real shape; return their shas and file names.
 
     The old commit (2026-08-01) and the new one (2026-08-30) differ only in
     model-input-scales.safetensors, as the real repository did. Unchanged files are hard links.
+    `extra`: further files of both commits by name (another build's standin-build.json, say).
     """
     rng = random.Random(seed)  # noqa: S311 - reproducible filler bytes, not secrets
     repo = Path(root) / repo_id
-    label = f"{repo_id}@{seed}@{shards}@{shard_bytes}"
+    extra = dict(extra or {})
+    label = f"{repo_id}@{seed}@{shards}@{shard_bytes}" + (
+        "@" + hashlib.sha256(json.dumps({k: v.hex() for k, v in sorted(extra.items())}).encode()).hexdigest()
+        if extra else "")
     old, new = _rev(f"old@{label}"), _rev(f"new@{label}")
     new_dir, old_dir = repo / new, repo / old
     if (repo / "refs.json").is_file() and new_dir.is_dir() and old_dir.is_dir():
@@ -664,6 +668,7 @@ def build_checkpoint(root: Path | str, repo_id: str = REPO_ID, shards: int = 120
     scales_new = _safetensors({"input_scale": rng.randbytes(512)})
     scales_old = _safetensors({"input_scale": rng.randbytes(512)})
     files["model-input-scales.safetensors"] = scales_new
+    files.update(extra)
     for name, content in files.items():
         if isinstance(content, bytes):
             (new_dir / name).write_bytes(content)

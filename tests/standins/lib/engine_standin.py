@@ -119,6 +119,8 @@ def read_knobs(section, defaults):
     out.update(data.get(section, {}))
     # The image's own build (the docker stand-in's registry knob): its tile, say, over the node's.
     out.update(json.loads(os.environ.get("SPARK_SIM_IMAGE_KNOBS") or "{}"))
+    # The checkpoint's own build (its standin-build.json, read by check_model): what its weights do to the output.
+    out.update(json.loads(os.environ.get(CHECKPOINT_KNOBS_ENV) or "{}"))
     out["compute_cap"] = str(data.get("gpu", {}).get("compute_cap", "12.1"))
     corruption = out.get("output_corruption") or []
     out["output_corruption"] = [corruption] if isinstance(corruption, str) else list(corruption)
@@ -232,6 +234,12 @@ def hub_config(model_path, k):
     processor_config_missing(os.path.join(repo, "processor_config.json"))
 
 
+# A synthetic checkpoint's standin-build.json: serving knobs standing for what that build's weights do (a build that
+# garbles Korean, say), over the node's and the image's for as long as the rank serves it.
+CHECKPOINT_KNOBS_FILE = "standin-build.json"
+CHECKPOINT_KNOBS_ENV = "SPARK_SIM_CHECKPOINT_KNOBS"
+
+
 def check_model(model_path, k):
     """The engine reads the config (a non-directory goes to the hub); the GLM-5.3 code opens processor_config.json."""
     if not os.path.isdir(model_path):
@@ -239,6 +247,11 @@ def check_model(model_path, k):
     path = os.path.join(model_path, "processor_config.json")
     if not os.path.isfile(path):
         processor_config_missing(container_path(path))
+    try:
+        with open(os.path.join(model_path, CHECKPOINT_KNOBS_FILE)) as f:
+            os.environ[CHECKPOINT_KNOBS_ENV] = json.dumps(json.load(f))
+    except FileNotFoundError:
+        os.environ.pop(CHECKPOINT_KNOBS_ENV, None)
 
 # --- network helpers ---------------------------------------------------------------
 
