@@ -121,6 +121,24 @@ def test_verify_passes_on_the_deployed_group(deployed, restarted_under_limit):
     assert data["endpoint"] == f"http://{deployed.nodes[0].mgmt_ip}:30000"
 
 
+def test_a_short_soak_on_the_pair_reports_its_bursts_and_each_rank_s_memory(deployed, tmp_path):
+    """quality.yml's soak against the group's head, over the network, with the ranks' memory read on the nodes."""
+    result = run_playbook("playbooks/quality.yml", deployed.inventory, extravars={
+        "verify_report_dir": str(tmp_path), "verify_quality_rounds": 1, "verify_soak_seconds": 3,
+        "verify_soak_burst_seconds": 1, "verify_soak_idle_seconds": 0.5, "verify_soak_max_tokens": 8,
+        # The simulated nodes share this machine's memory, which other work moves: only the engine's figures are
+        # judged here.
+        "verify_soak_max_memory_growth_gib": 1000})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    (written,) = tmp_path.glob("soak-*.json")
+    report = json.loads(written.read_text())
+    figures = report["soak"]
+    assert len(figures["bursts"]) >= 2 and figures["requests"] > 2 * len(figures["bursts"]), figures
+    assert (figures["errors"], report["failed"]) == (0, [])
+    assert set(report["memory_growth_gib"]) == {n.name for n in deployed.nodes}, report["memory_growth_gib"]
+    assert result.changed == []
+
+
 def test_doctor_reads_the_flags_from_the_running_unit(deployed, tmp_path):
     result = run_playbook("playbooks/doctor.yml", deployed.inventory, extravars={"doctor_bundle_dir": str(tmp_path)})
     assert result.rc == 0, result.stdout[-3000:]

@@ -9,6 +9,7 @@ compare what every host sees.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -98,3 +99,53 @@ def test_the_root_group_vars_is_the_collections_playbooks_group_vars():
     link = REPO / "group_vars"
     assert link.is_symlink() and os.path.realpath(link) == str((REPO / "playbooks" / "group_vars").resolve())
     assert not (REPO / "playbooks" / "group_vars").is_symlink()
+
+
+BUILD_PROBED = ["spark_model_dir", "spark_checkpoint_bytes", "checkpoint_build", "server_checkpoint_revision",
+                "preflight_checkpoint_repo_id", "server_checkpoint_refused_flags"]
+ALT = {"repo_id": "SparkSite/GLM-5.3-Flash-NVFP4-alt", "revision": "b" * 40, "directory": "glm53-alt",
+       "bytes": 1073741824, "shard_count": 120, "model_type": "glm5_next",
+       "refused_flags": {"--speculative-algorithm": "no next-token heads"}}
+
+
+@pytest.mark.parametrize(("site_vars", "expected"), [
+    # A named site build: its directory, size and pinned revision, with no checkpoint_revision in the inventory.
+    ({"spark_checkpoint_build": "alt", "spark_checkpoint_site_builds": {"alt": ALT}},
+     {"spark_model_dir": "/opt/models/glm53-alt", "spark_checkpoint_bytes": 1073741824,
+      "server_checkpoint_revision": "b" * 40, "preflight_checkpoint_repo_id": ALT["repo_id"],
+      "server_checkpoint_refused_flags": ALT["refused_flags"]}),
+    # The inventory's own revision (hosts.yml vars, which the collection's group_vars/all outranks) is what the
+    # server checks: the build names none.
+    ({"spark_checkpoint_build": "libertai-nvfp4", "spark_models_root": "/srv/models"},
+     {"spark_model_dir": "/srv/models/glm53", "spark_checkpoint_bytes": 194347270144,
+      "server_checkpoint_revision": "c" * 40, "preflight_checkpoint_repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4",
+      "server_checkpoint_refused_flags": {}}),
+], ids=["site-build", "known-build"])
+def test_a_named_build_gives_its_values_and_an_inventory_revision_in_hosts_yml_still_counts(tmp_path, site_vars,
+                                                                                           expected):
+    play = REPO / "playbooks" / f"_test_build_probe_{uuid.uuid4().hex[:8]}.yml"
+    play.write_text(textwrap.dedent(f"""\
+        ---
+        - name: Probe
+          hosts: spark
+          gather_facts: false
+          roles:
+            - role: dgx_spark.llm_serving.spark
+          tasks:
+            - name: Report
+              ansible.builtin.debug:
+                msg: {{{', '.join(f'"{v}": "{{{{ {v} }}}}"' for v in BUILD_PROBED)}}}
+        """))
+    inv = write_inventory(tmp_path, json.dumps(site_vars))
+    hosts = (inv / "hosts.yml").read_text()
+    if "libertai" in json.dumps(site_vars):
+        hosts += "  vars:\n    checkpoint_revision: " + "c" * 40 + "\n"
+    (inv / "hosts.yml").write_text(hosts)
+    try:
+        result = run_playbook(f"playbooks/{play.name}", inv)
+    finally:
+        play.unlink(missing_ok=True)
+    assert result.rc == 0, result.stdout[-3000:]
+    for host, values in seen(result).items():
+        assert {k: v for k, v in values.items() if k != "checkpoint_build"} == expected, host
+        assert values["checkpoint_build"]["repo_id"] == expected["preflight_checkpoint_repo_id"], host
