@@ -24,14 +24,9 @@ from tests.lib.playbook import REPO, run_playbook
 PROBED = ["spark_model_dir", "checkpoint_model_dir", "server_model_dir"]
 
 
-@pytest.fixture
-def probe_playbooks():
-    """A probe play in playbooks/, a site-like play at the top importing it, and one in an outside project
-    importing it by its FQCN."""
-    tag = uuid.uuid4().hex[:8]
-    inner = REPO / "playbooks" / f"_test_probe_{tag}.yml"
-    outer = REPO / f"_test_site_probe_{tag}.yml"
-    inner.write_text(textwrap.dedent(f"""\
+def write_probe(path: Path, names: list[str], fallback: str = "") -> Path:
+    """A play in the project that reports each of `names` as every host of group spark sees it."""
+    path.write_text(textwrap.dedent(f"""\
         ---
         - name: Probe
           hosts: spark
@@ -42,8 +37,18 @@ def probe_playbooks():
           tasks:
             - name: Report
               ansible.builtin.debug:
-                msg: {{{', '.join(f'"{v}": "{{{{ {v} | default(\'UNDEFINED\') }}}}"' for v in PROBED)}}}
+                msg: {{{', '.join(f'"{v}": "{{{{ {v}{fallback} }}}}"' for v in names)}}}
         """))
+    return path
+
+
+@pytest.fixture
+def probe_playbooks():
+    """A probe play in playbooks/, a site-like play at the top importing it, and one in an outside project
+    importing it by its FQCN."""
+    tag = uuid.uuid4().hex[:8]
+    inner = write_probe(REPO / "playbooks" / f"_test_probe_{tag}.yml", PROBED, " | default('UNDEFINED')")
+    outer = REPO / f"_test_site_probe_{tag}.yml"
     outer.write_text(f"---\n- name: Site probe\n  ansible.builtin.import_playbook: playbooks/{inner.name}\n")
     outside = Path(tempfile.mkdtemp(prefix="outside-project-")) / "site.yml"
     outside.write_text(f"---\n- name: Outside probe\n  ansible.builtin.import_playbook: dgx_spark.llm_serving.{inner.stem}\n")
@@ -123,19 +128,7 @@ ALT = {"repo_id": "SparkSite/GLM-5.3-Flash-NVFP4-alt", "revision": "b" * 40, "di
 ], ids=["site-build", "known-build"])
 def test_a_named_build_gives_its_values_and_an_inventory_revision_in_hosts_yml_still_counts(tmp_path, site_vars,
                                                                                            expected):
-    play = REPO / "playbooks" / f"_test_build_probe_{uuid.uuid4().hex[:8]}.yml"
-    play.write_text(textwrap.dedent(f"""\
-        ---
-        - name: Probe
-          hosts: spark
-          gather_facts: false
-          roles:
-            - role: dgx_spark.llm_serving.spark
-          tasks:
-            - name: Report
-              ansible.builtin.debug:
-                msg: {{{', '.join(f'"{v}": "{{{{ {v} }}}}"' for v in BUILD_PROBED)}}}
-        """))
+    play = write_probe(REPO / "playbooks" / f"_test_build_probe_{uuid.uuid4().hex[:8]}.yml", BUILD_PROBED)
     inv = write_inventory(tmp_path, json.dumps(site_vars))
     hosts = (inv / "hosts.yml").read_text()
     if "libertai" in json.dumps(site_vars):
