@@ -31,7 +31,7 @@ HOST_PORT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")
 ALERT_FOR_KEYS = (
     "endpoint_down", "rank_unit_inactive", "group_not_serving", "ttft_high", "queue_growing",
     "filesystem_filling", "gpu_temperature", "node_exporter_missing", "node_collector_stale", "fabric_without_rdma",
-    "supervisor_gave_up", "supervisor_flapping",
+    "supervisor_gave_up", "supervisor_flapping", "speculative_not_paying",
 )
 # A figure of the engine's /metrics in the rules and the shipped dashboard: `engine:<figure>` (a histogram's with
 # _bucket, _count or _sum), translated into the group's engine's name by its flag model's monitoring.metrics.
@@ -154,6 +154,8 @@ def monitoring_plan(ctx):
         ("monitoring_queue_threshold", "queue_threshold", 0, None, "a number of requests, e.g. 4"),
         ("monitoring_filesystem_free_percent", "filesystem_free_percent", 0, 100, "a percentage, e.g. 10"),
         ("monitoring_gpu_temperature_celsius", "gpu_temperature_celsius", 0, 150, "degrees Celsius, e.g. 85"),
+        ("monitoring_speculative_min_accept_length", "speculative_min_accept_length", 1, None,
+         "tokens a drafting step yields, e.g. 1.3"),
     )
     for var, key, low, high, example in thresholds:
         value = ctx.get(key)
@@ -522,6 +524,22 @@ def monitoring_rules(ctx):
              "port not ACTIVE, no RoCE v2 GID, an MTU) and repairs the link where it can; then playbooks/restart.yml, "
              "so that the ranks start with the usable devices in their environment (NCCL_IB_HCA)."),
     ]
+    # Speculative decoding (a promoted profile): where the engine serves its accept length (SGLang's gauge; 0 while
+    # no drafter runs, so the rule is quiet then).
+    accept = _num(ctx.get("speculative_min_accept_length"))
+    if engine_expression("engine:speculative_accept_length", engine) is not None:
+        rules.append(rule(
+            f"{prefix}SpeculativeNotPaying",
+            f'engine:speculative_accept_length{{job="server"}} > 0 '
+            f'and engine:speculative_accept_length{{job="server"}} < {accept}',
+            "speculative_not_paying", "warning",
+            "The drafter yields {{ $value }} tokens a step on {{ $labels.node }}",
+            f"Speculative decoding runs, and its drafts yield fewer than {accept} tokens a step "
+            "(monitoring_speculative_min_accept_length): every step pays for drafting and verifying, and a stream "
+            "decodes about as fast as without the drafter, or slower. Today's prompts are not the ones it was "
+            "promoted on.",
+            "Measure the profile against the one without a drafter on today's prompts (playbooks/tune.yml -e "
+            "tune_speculative=[...]); go back to that one (server_profile) when it no longer wins."))
     rules += [
         rule("SparkSupervisorGaveUp",
              "spark_supervisor_gave_up == 1",

@@ -28,7 +28,7 @@ STANDINS = REPO / "tests" / "standins" / "lib"
 ENGINES = ("sglang", "vllm")
 HISTOGRAM_SERIES = ("_bucket", "_count", "_sum")
 RULES_CTX = {"ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10,
-             "gpu_temperature_celsius": 85}
+             "gpu_temperature_celsius": 85, "speculative_min_accept_length": 1.3}
 
 
 def standin_families(engine: str) -> dict[str, str]:

@@ -407,7 +407,8 @@ def test_every_metric_a_dashboard_panel_uses_exists(tmp_path, standin):
     names |= exporter_names(tmp_path, tmp_path / "textfile")
     monitoring, engine = filter_plugin("monitoring"), flag_model("sglang")
     rules = monitoring.monitoring_rules({"ttft_p99_seconds": 30, "queue_threshold": 4, "filesystem_free_percent": 10,
-                                         "gpu_temperature_celsius": 85, "engine": engine})
+                                         "gpu_temperature_celsius": 85, "speculative_min_accept_length": 1.3,
+                                         "engine": engine})
     rule_names = set().union(*(promql_metrics(r["expr"]) for r in rules["groups"][0]["rules"]))
     # The dashboard as the role ships it to an SGLang group (tests/unit/test_monitoring_engines.py: vLLM's).
     dashboard = monitoring.monitoring_dashboard(json.loads(DASHBOARD.read_text()), {"engine": engine})

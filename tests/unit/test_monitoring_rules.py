@@ -52,7 +52,7 @@ def promtool_run(*args, cwd=None):
 # Short windows so that each case is a few minutes of series.
 RULES_CTX = {
     "ttft_p99_seconds": 10, "queue_threshold": 4, "filesystem_free_percent": 10, "gpu_temperature_celsius": 85,
-    "stall_window": "5m", "collector_interval": 15,
+    "speculative_min_accept_length": 1.3, "stall_window": "5m", "collector_interval": 15,
     "alert_for": dict.fromkeys(FILTER.ALERT_FOR_KEYS, "2m"),
 }
 HEAD_SGLANG = {"job": "server", "instance": "10.0.0.10:30000", "node": "spark-0", "rank": "0", "role": "head"}
@@ -99,7 +99,7 @@ def rule_cases(rules, engine="sglang"):
     unit_state = {**WORKER_NODE, "name": "spark-llm.service", "state": "active", "type": "simple"}
     served = {"job": "server", "instance": HEAD_SGLANG["instance"], "model_name": "/models/glm53"}
     bucket = f"{figure['time_to_first_token']}_bucket"
-    return [
+    cases = [
         # The endpoint stops answering: fires once it has been down for the window, not before.
         case(rules, f"{prefix}EndpointDown", [series("up", HEAD_SGLANG, "1 1 0 0 0 0 0")], "6m",
              fired=[(HEAD_SGLANG, "0")], quiet_at="3m"),
@@ -180,6 +180,19 @@ def rule_cases(rules, engine="sglang"):
               series("spark_rdma_fabric_ports_usable", {**HEAD_NODE, "netdev": "enp1s0f1np1"}, "1x10")],
              "7m", fired=[({**WORKER_NODE, "netdev": "enp1s0f1np1"}, "0")], quiet_at="3m"),
     ]
+    accept = figure["speculative_accept_length"]
+    if accept is not None:
+        # A drafter whose accept length falls below the floor pages; none running (0) and one that pays do not.
+        cases += [
+            case(rules, f"{prefix}SpeculativeNotPaying",
+                 [series(accept, {**served, **gauge_labels}, "1.6 1.6 1.1 1.1 1.1 1.1 1.1")],
+                 "6m", fired=[({**served, **gauge_labels}, "1.1")], quiet_at="3m"),
+            case(rules, f"{prefix}SpeculativeNotPaying",
+                 [series(accept, {**served, **gauge_labels}, "0x10")], "10m"),
+            case(rules, f"{prefix}SpeculativeNotPaying",
+                 [series(accept, {**served, **gauge_labels}, "1.6x10")], "10m"),
+        ]
+    return cases
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -213,7 +226,8 @@ KNOWN_SETTINGS = {name for role in ROLE_PREFIXES for name in role_defaults(role)
 
 def test_every_rule_has_a_runbook_naming_a_playbook_or_setting_that_exists(tmp_path):
     rules = FILTER.monitoring_rules(ctx(tmp_path))["groups"][0]["rules"]
-    assert len(rules) == len({r["alert"] for r in rules}) == 13
+    # The site's engine (SGLang) serves the speculative accept length: its rule is one of them.
+    assert len(rules) == len({r["alert"] for r in rules}) == 14
     for rule in rules:
         runbook = rule["annotations"]["runbook"]
         playbooks = re.findall(r"(?:playbooks/)?[a-z_]+\.yml", runbook)
@@ -342,6 +356,9 @@ BAD = [
      "monitoring_ttft_p99_seconds = 'slow': not a number"),
     ("temperature-out-of-range", {"gpu_temperature_celsius": 400},
      "monitoring_gpu_temperature_celsius = 400: out of range"),
+    # A step yields at least its own token: a floor of 1 or below could never fire.
+    ("accept-length-floor", {"speculative_min_accept_length": 1},
+     "monitoring_speculative_min_accept_length = 1: out of range"),
     ("alert-for-unknown", {"alert_for": {"endpoint_dwn": "1m"}}, "monitoring_alert_for['endpoint_dwn']: no such"),
     ("alert-for-bad", {"alert_for": {"endpoint_down": "1 minute"}},
      "monitoring_alert_for['endpoint_down'] = '1 minute': not a Prometheus duration"),
