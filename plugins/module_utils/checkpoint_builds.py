@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import REVISION_RE
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import REPO_ID_RE, REVISION_RE
 
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # One path component that means nothing to a shell (the directory reaches rsync and ssh command lines).
 DIRECTORY_RE = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._+-]+$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -74,26 +73,28 @@ def build_errors(name, known: dict, site, settings: dict) -> list[str]:
         return [f"spark_checkpoint_site_builds is {type(site).__name__}, not a mapping of build names to builds. "
                 "Fix: write it as one, or leave it out."]
     errors = []
+    # The table as the site's vars merge it (spark_checkpoint_builds): a site entry over a known one.
+    builds = dict(known)
     for own, entry in site.items():
+        pinned = own in known and isinstance(entry, dict)
+        builds[own] = {**known[own], **entry} if pinned else entry
         if not isinstance(own, str) or not NAME_RE.fullmatch(own):
             errors.append(f"spark_checkpoint_site_builds names a build {own!r}: a name is letters, digits and . _ -. "
                           "Fix: rename it.")
             continue
         if own in known:
-            changed = [key for key in IDENTITY if isinstance(entry, dict) and key in entry
-                       and entry[key] != known[own].get(key)]
+            changed = [key for key in IDENTITY if pinned and key in entry and entry[key] != known[own].get(key)]
             if changed:
                 errors.append(
                     f"spark_checkpoint_site_builds[{own!r}] changes the known build's {', '.join(changed)}: a site may "
                     f"pin a known build's revision, but another repository or directory is another build. Fix: give it "
                     "a name of its own.")
                 continue
-            errors += entry_errors(own, {**known[own], **(entry if isinstance(entry, dict) else {})}, known=True)
+            errors += entry_errors(own, builds[own], known=True)
         else:
             errors += entry_errors(own, entry, known=False)
     if name in ("", None):
         return errors
-    builds = {**known, **{k: ({**known[k], **v} if k in known and isinstance(v, dict) else v) for k, v in site.items()}}
     if not isinstance(name, str) or name not in builds:
         names = ", ".join(sorted(known)) or "none"
         own = ", ".join(sorted(k for k in site if k not in known)) or "none"

@@ -33,6 +33,11 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.inputs impor
 
 # A pinned commit: anything shorter or symbolic can move or be ambiguous.
 REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+# A hub repository: owner/name.
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# What checkpoint_paths names beside a model directory <name>: <name>.record.json and <name>.verified.
+RECORD_SUFFIX = ".record.json"
+STAMP_SUFFIX = ".verified"
 # The record's layout, as checkpoint_fetch writes it: a record of another format is read again from
 # the hub, so the verification's probe does not vouch for it either.
 RECORD_FORMAT = 1
@@ -237,8 +242,8 @@ def checkpoint_paths(model_dir: str) -> dict:
     partial = posixpath.join(parent, f".{name}.partial")
     return {
         "model_dir": model_dir,
-        "record": posixpath.join(parent, f"{name}.record.json"),
-        "stamp": posixpath.join(parent, f"{name}.verified"),
+        "record": posixpath.join(parent, f"{name}{RECORD_SUFFIX}"),
+        "stamp": posixpath.join(parent, f"{name}{STAMP_SUFFIX}"),
         "partial_dir": partial,
         "rsync_partial_dir": posixpath.join(partial, "rsync"),
     }

@@ -220,6 +220,7 @@ from types import SimpleNamespace
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
     RECORD_FORMAT,
+    REPO_ID_RE,
     REVISION_RE,
     TransferLock,
     TransferMeter,
@@ -240,7 +241,6 @@ from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_c
     write_progress,
 )
 
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 # The client's own download chunk (huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE): the same
 # writes as `hf download`, and a cut transfer keeps whole chunks on disk.

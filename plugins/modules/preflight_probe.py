@@ -141,13 +141,17 @@ netdevs:
 """
 
 import base64
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.facts.system.cmdline import CmdLineFactCollector
 from ansible.module_utils.facts.system.distribution import DistributionFactCollector
 from ansible.module_utils.facts.system.platform import PlatformFactCollector
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils.checkpoint_common import (
+    RECORD_SUFFIX,
+    checkpoint_paths,
+    load_json,
+)
 
 # The same shell scripts the role ran as separate tasks. Tools run through sh:
 # one that is not installed answers exit 127 (POSIX "not found").
@@ -210,12 +214,10 @@ def _unit(module, name):
     return {"status": dict(line.split("=", 1) for line in out.splitlines() if "=" in line)}
 
 
-RECORD_SUFFIX = ".record.json"
-
-
 def _checkpoints(model_dir):
     """The records in the model directory's parent: its own (here) and the other builds' (beside)."""
-    parent = os.path.dirname(model_dir.rstrip("/"))
+    model_dir = model_dir.rstrip("/")
+    parent = os.path.dirname(model_dir)
     here, beside = {}, []
     try:
         names = sorted(os.listdir(parent))
@@ -224,18 +226,15 @@ def _checkpoints(model_dir):
     for name in names:
         if not name.endswith(RECORD_SUFFIX) or name.startswith("."):
             continue
-        directory = os.path.join(parent, name[: -len(RECORD_SUFFIX)])
-        try:
-            with open(os.path.join(parent, name), encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue
+        paths = checkpoint_paths(os.path.join(parent, name[: -len(RECORD_SUFFIX)]))
+        record = load_json(paths["record"])
         if not isinstance(record, dict):
             continue
-        found = {"dir": directory, "repo_id": str(record.get("repo_id") or ""), "revision": str(record.get("revision") or ""),
+        found = {"dir": paths["model_dir"], "repo_id": str(record.get("repo_id") or ""),
+                 "revision": str(record.get("revision") or ""),
                  "bytes": record.get("total_bytes") if isinstance(record.get("total_bytes"), int) else 0,
-                 "verified": os.path.exists(directory + ".verified")}
-        if directory == model_dir.rstrip("/"):
+                 "verified": os.path.exists(paths["stamp"])}
+        if paths["model_dir"] == model_dir:
             here = found
         else:
             beside.append(found)

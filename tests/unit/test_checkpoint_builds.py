@@ -106,6 +106,9 @@ def test_a_site_entry_under_a_known_name_may_pin_its_revision_but_not_make_it_an
     assert error.startswith("spark_checkpoint_site_builds['libertai-nvfp4'] changes the known build's repo_id")
     [error] = errors("", {SEED: {"revision": "c" * 7}})
     assert error.startswith("the build 'libertai-nvfp4': revision='ccccccc' is not the full 40-hex commit")
+    # Not a mapping under a known name: refused, not ignored (it would leave the build's values as the table has them).
+    [error] = errors(SEED, {SEED: "c" * 40}, checkpoint_revision="a" * 40)
+    assert error.startswith("the build 'libertai-nvfp4' is str 'cccc") and "not a mapping" in error
     assert errors("", ["alt"]) == ["spark_checkpoint_site_builds is list, not a mapping of build names to builds. "
                                    "Fix: write it as one, or leave it out."]
 
