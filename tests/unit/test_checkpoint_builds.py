@@ -7,7 +7,9 @@ The table lives in roles/spark/vars/main.yml; the filter spark_checkpoint_build_
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from tests.lib.playbook import REPO
 from tests.lib.roles import filter_plugin, role_defaults, role_vars
 from tests.lib.server_plan import FILTER as SERVER
 from tests.lib.server_plan import MODEL, ctx
@@ -48,6 +50,9 @@ def test_the_known_builds_are_builds_and_the_seed_build_is_what_the_roles_defaul
     assert "default('glm53')" in spark["spark_model_dir"] and seed["directory"] == "glm53"
     assert f"default({seed['bytes']})" in spark["spark_checkpoint_bytes"]
     assert role_defaults("preflight")["preflight_checkpoint_bytes"] == seed["bytes"]
+    # The wiring's fallback for preflight's repository, where neither a build nor the inventory names one.
+    wiring = yaml.safe_load((REPO / "playbooks" / "group_vars" / "all" / "spark.yml").read_text())
+    assert f"default('{seed['repo_id']}')" in wiring["preflight_checkpoint_repo_id"]
 
 
 def test_no_named_build_judges_nothing_and_a_pinned_seed_build_is_accepted():
