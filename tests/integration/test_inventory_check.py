@@ -64,6 +64,15 @@ BAD = [
     ("tls-key-unreadable", HEAD, WORKERS, {"server_tls": True, "server_tls_cert": "/etc/ssl/certs",
                                            "server_tls_key": "/etc/hostname"},
      "server_tls_key = '/etc/hostname': not a PEM key"),
+    # A checkpoint build this site does not know, and one whose repository the inventory contradicts.
+    ("checkpoint-build-unknown", HEAD, WORKERS, {"spark_checkpoint_build": "glm53-other"},
+     "spark_checkpoint_build='glm53-other' is not a build this site knows (the collection's: libertai-nvfp4"),
+    ("checkpoint-build-contradicted", HEAD, WORKERS, {
+        "spark_checkpoint_build": "alt", "checkpoint_repo_id": "LibertAIDAI/GLM-5.3-Flash-NVFP4",
+        "spark_checkpoint_site_builds": {"alt": {
+            "repo_id": "SparkSite/GLM-5.3-Flash-NVFP4-alt", "revision": "b" * 40, "directory": "glm53-alt",
+            "bytes": 194347270144, "shard_count": 120, "model_type": "glm5_next"}}},
+     "checkpoint_repo_id='LibertAIDAI/GLM-5.3-Flash-NVFP4' disagrees with spark_checkpoint_build='alt'"),
 ]
 
 
@@ -84,8 +93,8 @@ def assert_refused_before_contact(result, fragment: str):
 RUNS = {
     "one-node": ["one-node", "image-latest", "model-dir-trailing-slash", "tls-pair-missing"],
     "three-nodes": ["three-nodes", "image-untagged", "port-not-a-number", "tls-key-unreadable"],
-    "same-fabric-ip": ["same-fabric-ip", "api-key-short"],
-    "fabric-ip-is-management": ["fabric-ip-is-management"],
+    "same-fabric-ip": ["same-fabric-ip", "api-key-short", "checkpoint-build-unknown"],
+    "fabric-ip-is-management": ["fabric-ip-is-management", "checkpoint-build-contradicted"],
     "fabric-ip-is-another-management": ["fabric-ip-is-another-management"],
 }
 CASES = {case[0]: case[1:] for case in BAD}
