@@ -10,7 +10,7 @@ site.yml converges both groups, each on its own: each group's ranks meet at thei
 each head serves. Then one group alone (--limit) takes a changed flag: its ranks restart, the other group's
 containers and units are the same ones as before. The gateway (the real smg, on spark-0, which site.yml puts in
 front of both heads): its requests reach both groups, a killed rank of one group costs at most the requests in
-flight there, and upgrade.yml rolls one group at a time behind it with no failed request.
+flight there, and upgrade.yml and restart.yml roll one group at a time behind it with no failed request.
 """
 
 from __future__ import annotations
@@ -360,3 +360,27 @@ def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_req
     for node in site.nodes.values():
         image = sh(node, "docker inspect --format '{{.Config.Image}}' spark-llm").strip()
         assert image == new, (node.name, image)
+
+
+def test_restart_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
+    heads = {f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
+    before = {group: site.started(group) for group in GROUPS}
+    seen: list[set] = []
+
+    def record():
+        try:
+            seen.append({w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]})
+        except (OSError, urllib.error.URLError, ValueError, KeyError):
+            seen.append(set())
+
+    with LoopingClient(site.ask, watch=record) as client:
+        result = site.play("playbooks/restart.yml")
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    print(f"rolling restart: {client.ok} requests through the gateway, {client.failed} failed")
+    assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
+    # Every rank of both groups started again, one group out of the gateway at a time, both back in at the end.
+    after = {group: site.started(group) for group in GROUPS}
+    assert all(after[g][n] != before[g][n] for g in GROUPS for n in GROUPS[g]), (before, after)
+    assert all(seen), [i for i, s in enumerate(seen) if not s]
+    assert all(any(h not in s for s in seen) for h in heads), seen
+    assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == heads
