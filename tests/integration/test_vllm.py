@@ -6,7 +6,8 @@ head, given to the worker over the fabric), verified; a second run that changes 
 worker rank healed by the supervisor; status; a change to vLLM's upstream image, which cannot start on GB10, going
 back by itself to the configuration that served; an upgrade of the base, the fix built again before any rank
 stops; a switch to SGLang and back to vLLM, each verified; a short benchmark on vLLM's --max-num-seqs and a tune of
-one candidate that vLLM's KV cache refuses, ending on what ran before; uninstall. The monitoring stays off here (its
+one candidate that vLLM's KV cache refuses, ending on what ran before; the real smg gateway in front of the vLLM
+head; uninstall (the gateway's too). The monitoring stays off here (its
 installation would cost every site.yml run of this module): tests/integration/test_monitoring.py turns its pair into
 a vLLM group and watches it.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -256,6 +259,40 @@ def test_the_tuner_varies_vllm_s_flags_and_ends_on_what_the_group_ran(site, tmp_
     (profiles,) = tmp_path.glob("tune-*-profiles.yml")
     assert yaml.safe_load(profiles.read_text()) == {
         "server_profiles": {"ctx65536-req2": {"context-length": 65536, "max-running-requests": 2}}}
+
+
+def head_successes(head) -> float:
+    """The requests the vLLM head finished (its own /metrics, asked on the node)."""
+    text = sh(head, "curl -s http://127.0.0.1:30000/metrics")
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vllm:request_success_total")))
+
+
+def test_the_gateway_fronts_a_vllm_group(site):
+    """The real smg in front of the vLLM head (on the first head, gateway_enabled): a chat completion through its
+    port reaches the head with the site's key, and without the key the gateway answers itself."""
+    result = site.play("playbooks/gateway.yml", gateway_enabled=True)
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    head = site.cluster.nodes[0]
+    key = (site.cluster.inventory / ".credentials" / "spark_llm_api_key").read_text().strip()
+    body = json.dumps({"model": "/models/glm53", "max_tokens": 16,
+                       "messages": [{"role": "user", "content": "17 x 23 = ?"}]}).encode()
+
+    def ask(headers: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(f"http://{head.mgmt_ip}:30080/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - the simulated gateway
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as refusal:
+            return refusal.code, json.loads(refusal.read() or b"{}")
+
+    before = head_successes(head)
+    status, answer = ask({"Authorization": f"Bearer {key}"})
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "391", (status, answer)
+    assert head_successes(head) == before + 1
+    status, answer = ask({})
+    assert status == 401, (status, answer)
+    assert head_successes(head) == before + 1
 
 
 def test_uninstall_takes_vllm_off_the_nodes_and_keeps_the_images(site):
