@@ -273,6 +273,7 @@ def test_the_gateway_fronts_a_vllm_group(site):
     result = site.play("playbooks/gateway.yml", gateway_enabled=True)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     head = site.cluster.nodes[0]
+    assert sh(head, "systemctl is-active spark-llm-gateway.service").strip() == "active"
     key = (site.cluster.inventory / ".credentials" / "spark_llm_api_key").read_text().strip()
     body = json.dumps({"model": "/models/glm53", "max_tokens": 16,
                        "messages": [{"role": "user", "content": "17 x 23 = ?"}]}).encode()
@@ -299,6 +300,7 @@ def test_uninstall_takes_vllm_off_the_nodes_and_keeps_the_images(site):
     result = site.play("playbooks/uninstall.yml")
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
     for n in site.cluster.nodes:
-        left = sh(n, f"ls -d /etc/systemd/system/{UNIT} /etc/spark-llm 2>/dev/null; docker ps -q; true").split()
+        left = sh(n, f"ls -d /etc/systemd/system/{UNIT} /etc/systemd/system/spark-llm-gateway.service /etc/spark-llm "
+                     "2>/dev/null; docker ps -q; true").split()
         assert left == [], (n.name, left)
         assert "spark-llm/vllm-derived:" in sh(n, "docker images --format '{{.Repository}}:{{.Tag}}'")
