@@ -10,7 +10,9 @@ site.yml converges both groups, each on its own: each group's ranks meet at thei
 each head serves. Then one group alone (--limit) takes a changed flag: its ranks restart, the other group's
 containers and units are the same ones as before. The gateway (the real smg, on spark-0, which site.yml puts in
 front of both heads): its requests reach both groups, a killed rank of one group costs at most the requests in
-flight there, and upgrade.yml and restart.yml roll one group at a time behind it with no failed request.
+flight there, and upgrade.yml and restart.yml roll one group at a time behind it with no failed request. Last,
+monitoring.yml alone puts Prometheus on a worker of the second group, which scrapes every node, both heads and the
+gateway's metrics (bound where that host reaches them).
 """
 
 from __future__ import annotations
@@ -384,3 +386,36 @@ def test_restart_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_req
     assert all(seen), [i for i, s in enumerate(seen) if not s]
     assert all(any(h not in s for s in seen) for h in heads), seen
     assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == heads
+
+
+def test_the_monitoring_scrapes_every_group_and_the_gateway(site):
+    """monitoring.yml on the site of two groups, Prometheus on a worker of the second group: every node's exporter,
+    each group's head and the gateway's metrics port are scraped over the management network."""
+    monitor = site.nodes["spark-3"]
+    result = site.play("playbooks/monitoring.yml", spark_monitoring=True, spark_monitor_host=monitor.name,
+                       monitoring_scrape_interval="2s", monitoring_evaluation_interval="2s",
+                       monitoring_allowed_clients=[f"{site.cluster.bridge_ip}/32"])
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+
+    seen: list = []
+
+    def targets_up():
+        url = f"http://{monitor.mgmt_ip}:9090/api/v1/targets?state=active"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the simulated monitoring host
+                active = json.loads(resp.read())["data"]["activeTargets"]
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as ex:
+            seen[:] = [repr(ex)]
+            return None
+        seen[:] = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in active]
+        return active if len(active) == 8 and all(t["health"] == "up" for t in active) else None
+
+    try:
+        active = wait_for(targets_up, "every target of both groups and the gateway up in Prometheus", 120)
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}: {seen}") from None
+    urls = {t["scrapeUrl"] for t in active}
+    nodes = site.nodes.values()
+    assert {f"http://{n.mgmt_ip}:9100/metrics" for n in nodes} <= urls, urls
+    assert {f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000/metrics" for g in GROUPS} <= urls, urls
+    assert f"http://{site.nodes['spark-0'].mgmt_ip}:29000/metrics" in urls, urls
