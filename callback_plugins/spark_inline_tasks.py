@@ -5,17 +5,16 @@ is a small part of the work; for one that only decides on the controller (set_fa
 an include, an argument-spec check) or that its `when` skips, the fork is most of it: the child's first
 writes copy the pages of the main process it touches (about 2,800 page faults a worker here), and its
 exit frees them again. Half the task results of a playbook run in this collection are of that kind (the
-inventory check, the roles' plans and refusals, the facts they publish, the includes); the tests of a CI
-run make about 14,000 of them.
+inventory check, the roles' plans and refusals, the facts they publish, the includes, the skips): up to
+14,000 in the playbook runs of a CI run.
 
-Those tasks are run here, in the main process, by ansible-core's own TaskExecutor, on copies of the task
-and host as a worker would get them, and their results go through the same queue a worker's do; the
-callbacks, the strategy and the output see no difference. A task is run here only when it can neither
+Those tasks are run here, in the main process, by ansible-core's own TaskExecutor, on a copy of the task
+(which it changes as it runs, as a worker does its own), and their results go through the queue a worker's
+do; the callbacks, the strategy and the output see no difference. A task is run here only when it can neither
 reach a node nor block: one of the actions below, or one whose `when` is already false for the host
 without a loop, and in either case with no `until`, `timeout`, `async` or loop pause. Anything else is
-forked as before. A no-change server.yml on the simulated pair took the controller 2.2 CPU-s instead of 3.2; the
-playbook runs of test_render, test_inventory_check, test_verify and test_checkpoint_local, which reach no node,
-124 instead of 147 (docs/testing.md has the CI run's figures).
+forked as before. A no-change server.yml on the simulated pair took the controller 2.2 CPU-s instead of 3.2, and
+the 286 playbook runs of a CI run 938 CPU-s instead of 1186 (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -23,6 +22,10 @@ from __future__ import annotations
 import traceback
 
 from ansible import constants as C
+
+# From its own module, which is never patched (the strategy's name for it is): a second load of this plugin
+# still finds ansible-core's class.
+from ansible.executor.process.worker import WorkerProcess as _ForkedWorker
 from ansible.plugins import loader as plugin_loader
 from ansible.plugins import strategy
 from ansible.plugins.callback import CallbackBase
@@ -64,8 +67,9 @@ CONTROLLER_ACTIONS = frozenset(
 )
 
 
-# The connection's variables a worker adds before it evaluates `when` (PlayContext.update_vars): a condition
-# that names one is left to the worker, whose answer may differ.
+# The connection's variables a worker adds before it evaluates `when` (PlayContext.update_vars). A condition
+# that names one may be false here and true there, and the task would then run its module in this process:
+# it goes to a worker.
 _WORKER_ONLY_NAMES = tuple(sorted({name for names in C.MAGIC_VARIABLE_MAPPING.values() for name in names}))
 
 
@@ -121,8 +125,8 @@ class _InlineWorker:
 
 def _run_inline(*, final_q, task_vars, host, task, play_context, loader, variable_manager, **_ignored) -> None:
     """What WorkerProcess.run does, without the fork: the result goes to the queue the worker's would."""
-    # A worker mutates the task (squash, delegation, post_validate) and sends the host without its vars:
-    # it does so on its own copies, and so does this.
+    # TaskExecutor changes the task as it runs it (squash, delegation, post_validate): a worker's is its own
+    # forked copy, and so is this one.
     task = task.copy()
     try:
         with _task.TaskContext.create(task=task, task_vars=task_vars, host_name=host.name):
@@ -142,7 +146,6 @@ def _run_inline(*, final_q, task_vars, host, task, play_context, loader, variabl
     final_q.send_task_result(host, task, result)
 
 
-_ForkedWorker = strategy.WorkerProcess
 
 
 def _worker(**kwargs):
