@@ -339,8 +339,10 @@ def test_a_group_that_fails_its_upgrade_rolls_back_into_the_gateway_and_the_next
     assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
 
 
-def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
-    new = f"{IMAGE}-v2"
+def rolled(site, what: str, playbook: str, **extravars):
+    """Run a rolling change while a client loops requests through the gateway and the gateway's ready heads are
+    looked at between them; it passes with no failed request, never both groups out of the gateway, each head out at
+    some point and both back in at the end. Returns the run's result."""
     heads = {f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
     seen: list[set] = []
 
@@ -351,41 +353,31 @@ def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_req
             seen.append(set())
 
     with LoopingClient(site.ask, watch=record) as client:
-        result = site.play("playbooks/upgrade.yml", server_image=new)
+        result = site.play(playbook, **extravars)
     assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
-    print(f"rolling upgrade: {client.ok} requests through the gateway, {client.failed} failed")
+    print(f"{what}: {client.ok} requests through the gateway, {client.failed} failed")
     assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
-    # Never both groups out of the gateway: every look found a ready head, and each head was out at some point.
+    # Every look found a ready head, and each head was out at some point.
     assert all(seen), [i for i, s in enumerate(seen) if not s]
     assert all(any(h not in s for s in seen) for h in heads), seen
     assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == heads
+    return result
+
+
+def test_upgrade_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
+    new = f"{IMAGE}-v2"
+    rolled(site, "rolling upgrade", "playbooks/upgrade.yml", server_image=new)
     for node in site.nodes.values():
         image = sh(node, "docker inspect --format '{{.Config.Image}}' spark-llm").strip()
         assert image == new, (node.name, image)
 
 
 def test_restart_rolls_one_group_at_a_time_behind_the_gateway_with_no_failed_request(site):
-    heads = {f"http://{site.nodes[GROUPS[g][0]].mgmt_ip}:30000" for g in GROUPS}
     before = {group: site.started(group) for group in GROUPS}
-    seen: list[set] = []
-
-    def record():
-        try:
-            seen.append({w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]})
-        except (OSError, urllib.error.URLError, ValueError, KeyError):
-            seen.append(set())
-
-    with LoopingClient(site.ask, watch=record) as client:
-        result = site.play("playbooks/restart.yml")
-    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
-    print(f"rolling restart: {client.ok} requests through the gateway, {client.failed} failed")
-    assert client.failed == 0 and client.ok > 0, (client.ok, client.failed)
-    # Every rank of both groups started again, one group out of the gateway at a time, both back in at the end.
+    rolled(site, "rolling restart", "playbooks/restart.yml")
+    # Every rank of both groups started again.
     after = {group: site.started(group) for group in GROUPS}
     assert all(after[g][n] != before[g][n] for g in GROUPS for n in GROUPS[g]), (before, after)
-    assert all(seen), [i for i, s in enumerate(seen) if not s]
-    assert all(any(h not in s for s in seen) for h in heads), seen
-    assert {w["url"] for w in site.workers() if w["status"] == "ready" and w["is_healthy"]} == heads
 
 
 def test_the_monitoring_scrapes_every_group_and_the_gateway(site):
