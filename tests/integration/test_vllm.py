@@ -24,6 +24,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import run_playbook
+from tests.lib.prometheus_tools import parse_exposition
 from tests.lib.supervised import (
     POLL,
     SHORT_STOP_GRACE,
@@ -262,9 +263,9 @@ def test_the_tuner_varies_vllm_s_flags_and_ends_on_what_the_group_ran(site, tmp_
 
 
 def head_successes(head) -> float:
-    """The requests the vLLM head finished (its own /metrics, asked on the node)."""
-    text = sh(head, "curl -s http://127.0.0.1:30000/metrics")
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vllm:request_success_total")))
+    """The requests the vLLM head finished, whatever their finish reason (its own /metrics, asked on the node)."""
+    parsed = parse_exposition(sh(head, "curl -s http://127.0.0.1:30000/metrics"))
+    return sum(value for name, _labels, value in parsed["samples"] if name == "vllm:request_success_total")
 
 
 def test_the_gateway_fronts_a_vllm_group(site):
