@@ -31,6 +31,7 @@ NAMES = {
     "fabric_interface": "firewall_fabric_interface",
     "fabric_ip": "spark_fabric_ip",
     "ssh_port": "ansible_port",
+    "sync_ports": "firewall_fabric_sync_ports",
 }
 
 
@@ -133,6 +134,31 @@ def _port_range(value):
     return None
 
 
+def _sync(ctx, fabric_ips, nodes, names, errors):
+    """The site's other groups' fabric addresses and the ports they may reach here for the checkpoint's sync:
+    {peers, ports, ranges}; none on a one-group site."""
+    hosts = [h for h in ctx.get("sync_hosts") or [] if h not in nodes]
+    peers = []
+    for host in hosts:
+        address = _address(str((ctx.get("sync_fabric_ips") or {}).get(host, fabric_ips.get(host))))
+        if address is not None and address.version == 4 and str(address) not in peers:
+            peers.append(str(address))
+    ports, ranges = [], []
+    var = names.get("sync_ports", "firewall_fabric_sync_ports")
+    raw = ctx.get("sync_ports") or []
+    for value in raw if isinstance(raw, (list, tuple)) else [raw]:
+        words = str(value).split("-") if isinstance(value, str) and "-" in value else [value]
+        bounds = [inputs.port(w) for w in words]
+        if None in bounds or (len(bounds) == 2 and bounds[0] > bounds[1]):
+            errors.append(f"{var} = {inputs.shown(raw)}: {inputs.shown(value)} is neither a TCP port nor a range "
+                          "low-high of them. Fix: e.g. [22, \"28730-28737\"].")
+        elif len(bounds) == 1:
+            ports.append(bounds[0])
+        else:
+            ranges.append(bounds)
+    return {"peers": peers, "ports": ports, "ranges": ranges}
+
+
 def firewall_route_commands(addresses):
     """{address: shell command} reading the controller's route to each IP literal among `addresses`.
 
@@ -172,11 +198,30 @@ def _rules(plan):
             {"match": {}, "verdict": "drop", "comment": f"{svc['name']}: not an allowed client",
              "cause": f"the {svc['name']} port ({svc['var']} = {svc['port']}) admits only {svc['source']}"},
         ]
-    chains["input"] += [
+    chains["input"].append(
         {"match": {"iifname": plan["fabric_interface"], "saddr_set": "fabric_peers"}, "verdict": "accept",
-         "comment": "the TP group's peers on the fabric"},
-        {"match": {}, "verdict": "jump rank_ports"},
-    ]
+         "comment": "the TP group's peers on the fabric"})
+    sync = plan.get("sync") or {}
+    if sync.get("peers"):
+        # Only the checkpoint's sync (its ssh and its rsync daemon's ports) from the site's other groups: their
+        # ranks never reach this group's.
+        if sync["ports"]:
+            chains["input"].append(
+                {"match": {"iifname": plan["fabric_interface"], "saddr_set": "fabric_sync_peers",
+                           "dports": sync["ports"]}, "verdict": "accept",
+                 "comment": "the checkpoint's sync from the site's other groups"})
+        for low, high in sync["ranges"]:
+            chains["input"].append(
+                {"match": {"iifname": plan["fabric_interface"], "saddr_set": "fabric_sync_peers",
+                           "dport_range": [low, high]}, "verdict": "accept",
+                 "comment": "the checkpoint's sync from the site's other groups"})
+        # This node's own sync connections to them (its ssh out as a source, its pull from their daemon): the
+        # answers come back to the fabric address, which is closed to all but the group's peers.
+        chains["input"].append(
+            {"match": {"iifname": plan["fabric_interface"], "saddr_set": "fabric_sync_peers",
+                       "ct": "established,related"}, "verdict": "accept",
+             "comment": "answers to this node's sync connections to the site's other groups"})
+    chains["input"].append({"match": {}, "verdict": "jump rank_ports"})
     chains["rank_ports"] = []
     ports = plan["dist_ports"]
     if ports:
@@ -203,6 +248,8 @@ def _rules(plan):
 
 def _sets(plan):
     sets = {"fabric_peers": {"type": "ipv4_addr", "interval": False, "elements": plan["peers"]}}
+    if (plan.get("sync") or {}).get("peers"):
+        sets["fabric_sync_peers"] = {"type": "ipv4_addr", "interval": False, "elements": plan["sync"]["peers"]}
     if plan["http"]:
         sets["http_clients_ip"] = {"type": "ipv4_addr", "interval": True, "elements": plan["clients"]["ip"]}
         sets["http_clients_ip6"] = {"type": "ipv6_addr", "interval": True, "elements": plan["clients"]["ip6"]}
@@ -260,13 +307,15 @@ def _matches(match, packet, sets):
         return False
     if "dport_range" in match and not match["dport_range"][0] <= packet["dport"] <= match["dport_range"][1]:
         return False
+    if match.get("ct") and packet.get("ct", "new") not in match["ct"].split(","):
+        return False
     return not ("dports" in match and packet["dport"] not in match["dports"])
 
 
 def firewall_verdict(plan, packet, chain="input"):
     """(verdict, rule) for the first TCP packet of a connection {saddr, daddr, dport, iif} in `plan`'s
-    table; (None, None) when the table lets it continue to the rest of the ruleset (the base chain's
-    policy is accept)."""
+    table (or one of conntrack state `ct`, e.g. "established"); (None, None) when the table lets it continue
+    to the rest of the ruleset (the base chain's policy is accept)."""
     packet = dict(packet, saddr=ipaddress.ip_address(str(packet["saddr"])),
                   daddr=ipaddress.ip_address(str(packet["daddr"])), dport=int(packet["dport"]))
     for rule in plan["chains"][chain]:
@@ -307,9 +356,11 @@ def firewall_plan(ctx, hostvars=None):
     controller), probe (this node's firewall_probe result; None before any contact),
     head_probe (the head's), names (operator-facing variable names for the messages),
     http_hosts_only (the HTTP port admits only http_client_hosts and http_extra_clients, while
-    allowed_clients, the endpoint's clients, go to the services that serve them: the model gateway's port).
+    allowed_clients, the endpoint's clients, go to the services that serve them: the model gateway's port),
+    sync_hosts and sync_ports (the site's other groups' nodes, whose fabric addresses may reach these ports on
+    the fabric interface: the checkpoint's sync between groups).
     ``hostvars`` gives every node's spark_fabric_ip and ansible_host (tests may put
-    ``fabric_ips`` and ``management`` mappings into ``ctx`` instead).
+    ``fabric_ips``, ``sync_fabric_ips`` and ``management`` mappings into ``ctx`` instead).
 
     Returns {errors, chains, sets, rules (nft text per chain), clients, clients_source, peers, ...}.
     """
@@ -323,6 +374,8 @@ def firewall_plan(ctx, hostvars=None):
         h for svc in ctx.get("service_ports") or [] if isinstance(svc, Mapping) for h in svc.get("client_hosts") or []]
     if hostvars is not None:
         ctx["fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in nodes if n in hostvars}
+        ctx["sync_fabric_ips"] = {n: hostvars[n].get("spark_fabric_ip") for n in ctx.get("sync_hosts") or []
+                                  if n in hostvars}
         ctx["management"] = {n: hostvars[n].get("ansible_host", n) for n in [*nodes, *named] if n in hostvars}
         ctx["probes"] = {n: hostvars[n].get("__firewall_probe") for n in named if n in hostvars}
     fabric_ips = ctx.get("fabric_ips") or {}
@@ -364,6 +417,7 @@ def firewall_plan(ctx, hostvars=None):
         address = _address(str(fabric_ips.get(node)))
         if address is not None and address.version == 4:
             peers.append(str(address))
+    sync = _sync(ctx, fabric_ips, nodes, names, errors)
     # Where rank 0's listeners on random ports are (the kernel's ephemeral range, read on the node;
     # Linux's default before any contact).
     local_ports = _port_range((probe or {}).get("local_ports")) or [32768, 60999]
@@ -482,7 +536,7 @@ def firewall_plan(ctx, hostvars=None):
                     "ip6": [str(n) for n in nets or [] if n.version == 6]},
         "clients_source": clients_source or "no client yet (the head's subnet is read on the head)",
         "clients_known": known and nets is not None, "default_subnet": str(default_subnet or ""),
-        "head_address": str(head_address or ""), "controller": {}, "services": services,
+        "head_address": str(head_address or ""), "controller": {}, "services": services, "sync": sync,
     }
     if errors:
         return plan

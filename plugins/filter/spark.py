@@ -188,6 +188,11 @@ def spark_batches(groups, play_hosts, names=None):
     return site_groups.batches(groups, play_hosts, names)
 
 
+def spark_checkpoint_sources(entries, holders, hostvars, run_hosts, default_prefix=24):
+    """{host: the node it takes the checkpoint from}: the hub once per site (module_utils/site_groups)."""
+    return site_groups.checkpoint_sources(entries, holders, hostvars, run_hosts, default_prefix)
+
+
 def spark_gateway(groups, entries, names=None):
     """{host, enabled}: the gateway's host (spark_gateway's one host, else the first head) and whether it runs."""
     return site_groups.gateway(groups, entries, names)
@@ -207,4 +212,5 @@ class FilterModule:
                 "spark_settings_spec": spark_settings_spec, "spark_capacity_flags": spark_capacity_flags,
                 "spark_site_groups": spark_site_groups, "spark_tp_group": spark_tp_group,
                 "spark_site_errors": spark_site_errors, "spark_batches": spark_batches,
-                "spark_gateway": spark_gateway, "spark_checkpoint_build_errors": spark_checkpoint_build_errors}
+                "spark_gateway": spark_gateway, "spark_checkpoint_sources": spark_checkpoint_sources,
+                "spark_checkpoint_build_errors": spark_checkpoint_build_errors}

@@ -236,3 +236,51 @@ def gateway(groups, entries, names=None):
     named = _members(groups, n["gateway_group"])
     host = named[0] if named else (entries[0]["head"] if entries else "")
     return {"host": host, "enabled": len(entries) > 1 or bool(named)}
+
+
+def _fabric_network(values, default_prefix):
+    try:
+        return str(ipaddress.IPv4Network(
+            f"{_ip(values.get('spark_fabric_ip'))}/{int(values.get('spark_fabric_prefix', default_prefix))}",
+            strict=False))
+    except (TypeError, ValueError):
+        return None
+
+
+def checkpoint_sources(entries, holders, hostvars, run_hosts, default_prefix=24):
+    """Where each host of the run takes the checkpoint from: {host: source host}.
+
+    The hub is asked once per site, not once per group: a host that holds the verified checkpoint is its own
+    source; another takes it from its group's head when that head holds it, else from the first node of the
+    site (group by group, head first) that holds it and shares its fabric subnet, else from the first head of
+    the run on that subnet, which fetches it from the hub for all of them. A node's subnet is its
+    spark_fabric_ip / spark_fabric_prefix (default_prefix when hostvars gives none); nodes on another subnet
+    cannot be reached over the fabric, so a group cabled apart fetches on its own head. A host whose group's head this run leaves out
+    (--limit) and that finds no holder keeps that head as its source, which must hold it already.
+    """
+    held = set(holders or [])
+    run = list(run_hosts or [])
+    order = [node for entry in entries for node in entry["nodes"]]
+    heads = [entry["head"] for entry in entries if entry["head"]]
+    head_of = {node: entry["head"] for entry in entries for node in entry["nodes"]}
+    networks = {node: _fabric_network(hostvars.get(node) or {}, default_prefix) for node in order}
+    sources = {}
+    for host in run:
+        own_head = head_of.get(host, "")
+        if host in held:
+            sources[host] = host
+            continue
+        if own_head in held:
+            sources[host] = own_head
+            continue
+        network = networks.get(host)
+        near = [node for node in order if network is not None and networks.get(node) == network]
+        holding = [node for node in near if node in held]
+        fetching = [node for node in heads if node in near and node in run]
+        if holding:
+            sources[host] = holding[0]
+        elif own_head in run and fetching:
+            sources[host] = fetching[0]
+        else:
+            sources[host] = own_head
+    return sources

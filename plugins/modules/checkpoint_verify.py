@@ -173,13 +173,19 @@ done:
   description: O(mode=probe) only. Whether the directory needs nothing (see the description).
   returned: when O(mode=probe)
   type: bool
+holds:
+  description:
+    - O(mode=probe) only. Whether the directory holds the verified checkpoint, whatever the hub client's state
+      (another node may take it from here even when this host would install the client again).
+  returned: when O(mode=probe)
+  type: bool
 reasons:
   description: O(mode=probe) only. Every reason the directory is not done; empty when it is.
   returned: when O(mode=probe)
   type: list
   elements: str
 record:
-  description: O(mode=probe) only. The record beside the directory, when it is done.
+  description: O(mode=probe) only. The record beside the directory, when it holds the verified checkpoint.
   returned: when O(mode=probe)
   type: dict
 ok:
@@ -455,12 +461,12 @@ def probe(p: dict, model_dir: str) -> dict:
     record_path = p["record_path"]
     reasons: list[str] = []
     if not stamp_path:
-        return {"done": False, "reasons": ["no stamp_path to read"], "record": None}
+        return {"done": False, "holds": False, "reasons": ["no stamp_path to read"], "record": None}
     stamp_read, record_read = read_json(stamp_path), read_json(record_path)
     reasons = stamp_problems(stamp_read, record_read, revision=p["revision"], model_dir=model_dir,
                              stamp_path=stamp_path, record_path=record_path)
     if reasons:
-        return {"done": False, "reasons": reasons, "record": None}
+        return {"done": False, "holds": False, "reasons": reasons, "record": None}
     stamp, record = stamp_read[0], record_read[0]
     files = record["files"]
     if p["repo_id"] and record.get("repo_id") != p["repo_id"]:
@@ -494,6 +500,7 @@ def probe(p: dict, model_dir: str) -> dict:
     structural, local = structure_checks(model_dir, files, shard_count=p["shard_count"], model_type=p["model_type"],
                                          present=present, found=set(found))
     reasons += structural + local
+    holds = not reasons
     venv = p["client_venv"]
     if venv:
         dist = f"huggingface_hub-{p['client_version']}.dist-info"
@@ -501,7 +508,7 @@ def probe(p: dict, model_dir: str) -> dict:
             glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages", glob.escape(dist))))
         if not installed:
             reasons.append(f"huggingface_hub {p['client_version']} is not installed in {venv}")
-    return {"done": not reasons, "reasons": reasons, "record": None if reasons else record}
+    return {"done": not reasons, "holds": holds, "reasons": reasons, "record": record if holds else None}
 
 
 def main() -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import urllib.request
 
 import pytest
 import yaml
 
 from tests.harness import cluster as sim
 from tests.lib import node_state, outside_project
+from tests.lib.checkpoint_site import hub_stats
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
 from tests.lib.supervised import api_key_header, generate
 from tests.standins.hub_emulator import build_checkpoint
@@ -88,8 +88,7 @@ def started(cluster) -> list[str]:
 
 
 def hub_bytes(cluster) -> int:
-    with urllib.request.urlopen(f"{cluster.hub_url}/_emulator/stats", timeout=10) as resp:  # noqa: S310 - the harness's hub
-        return sum(json.loads(resp.read())["bytes_served"].values())
+    return sum(hub_stats(cluster).values())
 
 
 def events(node, since: float) -> list[dict]:

@@ -29,9 +29,10 @@ from pathlib import Path
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.checkpoint_site import hub_stats
 from tests.lib.looping_client import LoopingClient
 from tests.lib.playbook import run_playbook
-from tests.lib.supervised import STATE_DIR, SUPERVISOR, read_node_file, signal_rank, wait_for
+from tests.lib.supervised import MODEL_DIR, STATE_DIR, SUPERVISOR, read_node_file, signal_rank, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,10 @@ IPERF_TASK = "Check the bandwidth against the minimum"
 ROUNDS_INCLUDE = "Measure each round of pairs of peers that share no node"
 MEASURE_INCLUDE = "Measure the link's bandwidth where this run changed it or the site asked"
 VERIFY_TABLE_TASK = "Show the verification table"
+CHOOSE_TASK = "Choose the node this one takes the checkpoint from"
+SYNC_TASK = "Push the files from the source host over the fabric"
+# Whom a node lets in over ssh and whose host keys it pins.
+TRUST = "cat /root/.ssh/authorized_keys /root/.ssh/known_hosts* 2>/dev/null; ls /run/spark-checkpoint-trust 2>/dev/null; true"
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +222,51 @@ def test_site_converges_each_group_at_its_own_head(site):
             assert (flag(args, "--tp-size"), flag(args, "--node-rank")) == ("2", str(rank)), (group, name, args)
             assert flag(args, "--dist-init-addr") == f"{fabric}:20000", (group, name, args)
         assert serves(site.cluster, site.nodes[head], via=site.nodes["spark-0"]), group
+
+
+def damage_checkpoint(node) -> list[str]:
+    """Take a node's checkpoint from it as a lost disk would, in part: its stamp and two shards go."""
+    shards = sh(node, f"ls {MODEL_DIR} | grep safetensors | head -2").split()
+    sh(node, f"rm -f {MODEL_DIR}.verified " + " ".join(f"{MODEL_DIR}/{s}" for s in shards))
+    return shards
+
+
+def holds_again(node, shards, kept: str) -> bool:
+    """The node's stamp vouches again, its shards are back with the bytes `kept` has."""
+    sums = f"cd {MODEL_DIR} && sha256sum {' '.join(shards)}"
+    return (sh(node, f"test -s {MODEL_DIR}.verified && echo yes").strip() == "yes"
+            and sh(node, sums) == kept)
+
+
+def test_the_checkpoint_moves_from_a_node_that_holds_it_whatever_its_group_and_never_again_from_the_hub(site):
+    """The hub once per site: a node that kept the verified checkpoint feeds the others, a group's worker an
+    earlier group included, and a group re-provisioned alone (--limit) takes it from a node the run left out.
+    The cross-group access lasts only as long as the sync."""
+    n = site.nodes
+    hub_before = hub_stats(site.cluster)
+    trusted = {name: sh(n[name], TRUST) for name in NODES}
+    shards = damage_checkpoint(n["spark-0"])
+    for name in ("spark-1", "spark-2"):
+        assert damage_checkpoint(n[name]) == shards
+    kept = sh(n["spark-3"], f"cd {MODEL_DIR} && sha256sum {' '.join(shards)}")
+    moved = site.play("playbooks/checkpoint.yml")
+    assert moved.rc == 0, moved.failure_messages() or moved.stdout[-3000:]
+    chosen = {h: r["ansible_facts"]["checkpoint_chosen_source"] for h, r in moved.results(CHOOSE_TASK).items()}
+    assert chosen == {"spark-0": "spark-3", "spark-1": "spark-3", "spark-2": "spark-3", "spark-3": "spark-3"}
+    assert set(moved.results(SYNC_TASK)) == {"spark-0", "spark-1", "spark-2"}
+    assert all(holds_again(n[name], shards, kept) for name in ("spark-0", "spark-1", "spark-2"))
+
+    for name in ("spark-2", "spark-3"):
+        damage_checkpoint(n[name])
+    again = site.play("playbooks/checkpoint.yml", limit="replica_b")
+    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
+    chosen = {h: r["ansible_facts"]["checkpoint_chosen_source"] for h, r in again.results(CHOOSE_TASK).items()}
+    assert chosen == {"spark-2": "spark-0", "spark-3": "spark-0"}
+    assert all(holds_again(n[name], shards, kept) for name in ("spark-2", "spark-3"))
+    assert hub_stats(site.cluster) == hub_before, "no byte came from the hub"
+    # The access each sync was given went with it: every node's authorized and pinned keys are as before.
+    now = {name: sh(n[name], TRUST) for name in NODES}
+    assert now == trusted, {name: (set(trusted[name].splitlines()) ^ set(now[name].splitlines())) for name in NODES}
 
 
 def test_a_changed_flag_on_one_group_restarts_that_group_alone(site):

@@ -6,14 +6,13 @@ a real size-limited tmpfs mounted over SSH at the model directory's parent.
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.request
 
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.checkpoint_site import hub_stats
 from tests.lib.playbook import run_playbook
 
 # Preflight reads the nodes and changes nothing; what a test plants is put back (tests/conftest.py checks).
@@ -248,8 +247,3 @@ def test_checkpoint_is_refused_before_any_hub_byte_when_a_workers_disk_is_short(
     # Not one byte, not one request for a file, left the hub; the checkpoint role never began.
     assert hub_stats(sim_cluster) == before
     assert not [e for e in result.task_events() if e["event_data"].get("role") == "checkpoint"]
-
-
-def hub_stats(cluster) -> dict:
-    with urllib.request.urlopen(f"{cluster.hub_url}/_emulator/stats", timeout=10) as resp:  # noqa: S310 - the harness hub
-        return json.loads(resp.read())["bytes_served"]

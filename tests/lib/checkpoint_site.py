@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -57,6 +58,12 @@ def grow_shard(source: Path) -> int:
     shard.unlink()
     shard.write_bytes(_safetensors({"model.layers.41.mlp.experts.weight_packed": os.urandom(BIG_SHARD_BYTES)}))
     return shard.stat().st_size
+
+
+def hub_stats(cluster) -> dict:
+    """The bytes the harness's hub emulator has served, per file (its /_emulator/stats)."""
+    with urllib.request.urlopen(f"{cluster.hub_url}/_emulator/stats", timeout=10) as resp:  # noqa: S310 - the harness hub
+        return json.loads(resp.read())["bytes_served"]
 
 
 @contextlib.contextmanager

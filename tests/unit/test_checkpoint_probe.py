@@ -73,7 +73,7 @@ def state(directory: Path) -> dict:
 def test_a_stamped_checkpoint_is_done_with_its_record_and_nothing_is_written(site):
     before = state(site["model"])
     res = probe(site)
-    assert res["done"] and res["reasons"] == [] and not res["changed"], res
+    assert res["done"] and res["holds"] and res["reasons"] == [] and not res["changed"], res
     record = json.loads((site["model"].parent / "glm53.record.json").read_text())
     assert res["record"] == record
     assert probe(site, check=True)["done"]
@@ -88,7 +88,7 @@ def test_a_shard_changed_in_place_with_its_mtime_put_back_is_not_done(site):
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     res = probe(site)
-    assert not res["done"] and res["record"] is None
+    assert not res["done"] and not res["holds"] and res["record"] is None
     assert any(SHARD in r and "changed since" in r for r in res["reasons"]), res["reasons"]
     assert (site["model"].parent / "glm53.verified").exists(), "the probe removes nothing"
 
@@ -146,4 +146,7 @@ def test_the_source_hosts_hub_client_must_be_installed_at_the_pinned_version(sit
     assert probe(site, client_venv=str(venv), client_version="2.4.0")["done"]
     res = probe(site, client_venv=str(venv), client_version="2.5.0")
     assert not res["done"] and any("huggingface_hub 2.5.0" in r for r in res["reasons"]), res
+    # Without the client this host would install it again, yet its bytes are verified: another node may take
+    # the checkpoint from here, with the record.
+    assert res["holds"] and res["record"]["revision"] == site["args"]["revision"], res
     assert not probe(site, client_venv=str(tmp_path / "gone"), client_version="2.4.0")["done"]

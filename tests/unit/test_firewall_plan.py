@@ -382,3 +382,33 @@ def test_behind_the_gateway_networks_named_for_direct_use_reach_the_heads():
 def test_behind_the_gateway_bad_settings_are_refused(changes, fragment):
     errors = behind_the_gateway(**changes)["errors"]
     assert any(fragment in e and "Fix:" in e for e in errors), errors
+
+
+def test_the_site_s_other_groups_reach_the_checkpoint_sync_on_the_fabric_and_nothing_else():
+    fabric = {HEAD: "192.168.100.10", WORKER: "192.168.100.11", "spark-2": "192.168.100.12", "spark-3": "192.168.100.13"}
+    p = plan(allowed_clients=["10.0.0.0/24"], fabric_ips=fabric, sync_hosts=["spark-2", "spark-3", WORKER],
+             sync_ports=[22, "28730-28733"])
+    assert p["errors"] == [] and p["sets"]["fabric_sync_peers"]["elements"] == ["192.168.100.12", "192.168.100.13"]
+    fab = "enp1s0f1np1"
+    # The sync's ssh and its rsync daemon's ports, from another group's node on the fabric interface.
+    assert verdict(p, "192.168.100.12", "192.168.100.10", 22, iif=fab) == "accept"
+    assert verdict(p, "192.168.100.13", "192.168.100.10", 28733, iif=fab) == "accept"
+    # Not the ranks' ports, not a port beside the range, not from elsewhere, not a stranger.
+    assert verdict(p, "192.168.100.12", "192.168.100.10", 20000, iif=fab) == "drop"
+    assert verdict(p, "192.168.100.12", "192.168.100.10", 45123, iif=fab) == "drop"
+    assert verdict(p, "192.168.100.12", "192.168.100.10", 28734, iif=fab) == "drop"
+    assert verdict(p, "192.168.100.12", "192.168.100.10", 22) == "drop"
+    assert verdict(p, "192.168.100.99", "192.168.100.10", 22, iif=fab) == "drop"
+    # The answers to this node's own connections to them (to their ssh, their rsync daemon) come back.
+    answer = {"saddr": "192.168.100.12", "daddr": "192.168.100.10", "dport": 51234, "iif": fab}
+    assert fw.firewall_verdict(p, {**answer, "ct": "established"})[0] == "accept"
+    assert fw.firewall_verdict(p, answer)[0] == "drop"
+    assert 'iifname "enp1s0f1np1" ip saddr @fabric_sync_peers tcp dport 28730-28733 accept' in " ".join(
+        p["rules"]["input"])
+    # A one-group site: no such set or rule, the table as before.
+    alone = plan(allowed_clients=["10.0.0.0/24"])
+    assert "fabric_sync_peers" not in alone["sets"] and alone["rules"] == plan(
+        allowed_clients=["10.0.0.0/24"], sync_hosts=[WORKER], sync_ports=[22])["rules"]
+    bad = plan(fabric_ips=fabric, sync_hosts=["spark-2"], sync_ports=["28733-28730"])
+    assert bad["errors"] == ["firewall_fabric_sync_ports = ['28733-28730']: '28733-28730' is neither a TCP port nor a "
+                             'range low-high of them. Fix: e.g. [22, "28730-28737"].'], bad["errors"]

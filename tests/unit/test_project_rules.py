@@ -284,8 +284,18 @@ BATCHED = {"hosts": "{{ __spark_batches.hosts }}", "serial": "{{ __spark_batches
            "max_fail_percentage": "{{ __spark_batch_max_fail_percentage }}", "vars_files": ["vars/site_batches.yml"]}
 
 
+# Plays that must see every group at once, before any batch, and change nothing: checkpoint.yml's choice of
+# each node's source (the hub once per site, a node of a later group may feed an earlier one).
+SITE_AT_ONCE = {("checkpoint.yml", "Find the nodes that hold the verified checkpoint and choose each node's source")}
+
+
 def test_every_play_over_the_ranks_runs_one_tp_group_per_batch():
     plays = [(path.name, play) for path in RANK_PLAYBOOKS for play in load(path) if "hosts" in play]
+    at_once = [(name, play) for name, play in plays if (name, play.get("name")) in SITE_AT_ONCE]
+    assert len(at_once) == len(SITE_AT_ONCE)
+    for name, play in at_once:
+        assert play["hosts"] == BATCHED["hosts"] and "serial" not in play, (name, play["name"])
+    plays = [(name, play) for name, play in plays if (name, play.get("name")) not in SITE_AT_ONCE]
     over_ranks = [(name, play) for name, play in plays if "spark" in str(play["hosts"])]
     assert over_ranks and not [(name, play["name"]) for name, play in over_ranks if "__spark_batches" not in play["hosts"]]
     for name, play in over_ranks:

@@ -156,3 +156,41 @@ def test_a_group_whose_fabric_addresses_are_not_one_subnet():
                             "subnets (192.168.100.0/24: s0 (192.168.100.10/24), s2 (192.168.100.12/24), s3 "
                             "(192.168.100.13/24); 192.168.7.0/24: s1 (192.168.7.11/24))"), error
     assert "Fix: put every fabric address of the group in one subnet" in error
+
+
+def sources(groups, holders, run=None, found=None):
+    entries = SPARK.spark_site_groups(groups)
+    return SPARK.spark_checkpoint_sources(entries, holders, found or hostvars(groups), run or groups["all"], 24)
+
+
+def test_the_checkpoint_comes_from_the_hub_once_per_site_and_from_any_node_that_holds_it():
+    groups = two_groups()
+    # Nothing held anywhere: the first head fetches for the whole site (the hub once, not once per group).
+    assert sources(groups, []) == {"s0": "s0", "s1": "s0", "s2": "s0", "s3": "s0"}
+    # A node that holds it is its own source; a group's head that holds it feeds its group.
+    assert sources(groups, ["s0", "s2"]) == {"s0": "s0", "s1": "s0", "s2": "s2", "s3": "s2"}
+    # Heads lost: a worker of any group feeds the rest, the earlier group's nodes included.
+    assert sources(groups, ["s3"]) == {"s0": "s3", "s1": "s3", "s2": "s3", "s3": "s3"}
+    assert sources(groups, ["s1", "s3"]) == {"s0": "s1", "s1": "s1", "s2": "s1", "s3": "s3"}
+    # A group cabled apart (its own fabric subnet) cannot be fed over the fabric: its head fetches for it.
+    far = hostvars(groups, s2={"spark_fabric_ip": "10.9.0.12"}, s3={"spark_fabric_ip": "10.9.0.13"})
+    assert sources(groups, [], found=far) == {"s0": "s0", "s1": "s0", "s2": "s2", "s3": "s2"}
+    assert sources(groups, ["s1"], found=far) == {"s0": "s1", "s1": "s1", "s2": "s2", "s3": "s2"}
+    # A node's own prefix counts: /16 takes s2 and s3 back onto s0's network.
+    wide = hostvars(groups, **{h: {"spark_fabric_ip": f"192.168.{i}.1{i}", "spark_fabric_prefix": 16}
+                               for i, h in enumerate(groups["all"])})
+    assert sources(groups, ["s1"], found=wide) == {"s0": "s1", "s1": "s1", "s2": "s1", "s3": "s1"}
+
+
+def test_a_limited_run_takes_the_checkpoint_from_a_node_left_out_before_the_hub():
+    groups = two_groups()
+    # --limit replica_b: a holder the run left out (found by the play's delegated read) feeds the group.
+    assert sources(groups, ["s0"], run=["s2", "s3"]) == {"s2": "s0", "s3": "s0"}
+    # None anywhere: the run's head fetches.
+    assert sources(groups, [], run=["s2", "s3"]) == {"s2": "s2", "s3": "s2"}
+    # A worker alone whose head the run leaves out keeps that head, which must hold it (as before the groups).
+    assert sources(groups, [], run=["s1", "s2"]) == {"s1": "s0", "s2": "s2"}
+    # Today's one-group inventory: the head, as before.
+    one = {"all": ["a", "b"], "spark": ["a", "b"], "spark_head": ["a"], "spark_workers": ["b"]}
+    assert sources(one, []) == {"a": "a", "b": "a"}
+    assert sources(one, ["b"]) == {"a": "b", "b": "b"}
