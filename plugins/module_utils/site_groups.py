@@ -255,8 +255,9 @@ def checkpoint_sources(entries, holders, hostvars, run_hosts, default_prefix=24)
     site (group by group, head first) that holds it and shares its fabric subnet, else from the first head of
     the run on that subnet, which fetches it from the hub for all of them. A node's subnet is its
     spark_fabric_ip / spark_fabric_prefix (default_prefix when hostvars gives none); nodes on another subnet
-    cannot be reached over the fabric, so a group cabled apart fetches on its own head. A host whose group's head this run leaves out
-    (--limit) and that finds no holder keeps that head as its source, which must hold it already.
+    cannot be reached over the fabric, so a group cabled apart fetches on its own head. A host whose group's
+    head this run leaves out (--limit) and that finds no holder keeps that head as its source, which must hold
+    it already.
     """
     held = set(holders or [])
     run = list(run_hosts or [])

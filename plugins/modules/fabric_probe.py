@@ -16,7 +16,8 @@ description:
     interfaces, whether ufw is active and otherwise the nftables ruleset, every interface's addresses,
     the kernel's route to each peer, full-size pings that may not fragment to each peer (where the
     fabric port is up with carrier), the RDMA devices and their ports (O(rdma)), the SSH host keys and
-    C(authorized_keys) (on a worker) and the head's fabric key pair and known_hosts (on the head), with
+    C(authorized_keys) (of every node, where a worker holds its head's key and a former head's is stale) and the
+    head's fabric key pair and known_hosts (on the head), with
     the owner and mode of the SSH files the role manages).
   - The role reads it again after a change (netplan apply, firewall rules) for the proof.
   - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
@@ -47,7 +48,7 @@ options:
     type: str
     default: ""
   authorized_keys_path:
-    description: An authorized_keys file to read if it exists (a worker's; C(~user) is expanded); empty reads none.
+    description: An authorized_keys file to read if it exists (C(~user) is expanded); empty reads none.
     type: path
     default: ""
   stat_paths:

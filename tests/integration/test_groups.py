@@ -215,6 +215,12 @@ def site(sim_four, tp4, tmp_path_factory):
 
 
 def test_site_converges_each_group_at_its_own_head(site):
+    # The TP=4 group's head let itself in on spark-1..3; regrouped, only a worker's own head is let in.
+    for head, worker in GROUPS.values():
+        assert "spark-fabric@" not in sh(site.nodes[head], "cat /root/.ssh/authorized_keys"), head
+        fabric_keys = [line.split()[-1] for line in sh(site.nodes[worker], "cat /root/.ssh/authorized_keys").splitlines()
+                       if "spark-fabric@" in line]
+        assert fabric_keys == [f"spark-fabric@{head}"], (worker, fabric_keys)
     for group, (head, worker) in GROUPS.items():
         fabric = site.nodes[head].fabric_ip
         for rank, name in enumerate((head, worker)):
