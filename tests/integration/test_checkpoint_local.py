@@ -123,7 +123,7 @@ def test_second_run_transfers_nothing_and_changes_nothing(site, hub):
     assert r.rc == 0, r.failure_messages()
     assert changed_tasks(r) == []
     assert hub.served() == {}
-    facts = r.results("Export that this host holds the verified checkpoint")
+    facts = r.results("Export that this node holds the verified checkpoint")
     assert all(f["ansible_facts"]["checkpoint_verified"] for f in facts.values()) and len(facts) == 2
 
 

@@ -32,6 +32,7 @@ from tests.harness import cluster as sim
 from tests.lib.checkpoint_site import hub_stats
 from tests.lib.looping_client import LoopingClient
 from tests.lib.playbook import run_playbook
+from tests.lib.prometheus_tools import prometheus_api
 from tests.lib.supervised import MODEL_DIR, STATE_DIR, SUPERVISOR, read_node_file, signal_rank, wait_for
 
 pytestmark = pytest.mark.slow
@@ -448,11 +449,9 @@ def test_the_monitoring_scrapes_every_group_and_the_gateway(site):
     seen: list = []
 
     def targets_up():
-        url = f"http://{monitor.mgmt_ip}:9090/api/v1/targets?state=active"
         try:
-            with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the simulated monitoring host
-                active = json.loads(resp.read())["data"]["activeTargets"]
-        except (OSError, urllib.error.URLError, ValueError, KeyError) as ex:
+            active = prometheus_api(monitor.mgmt_ip, "targets", state="active")["activeTargets"]
+        except (OSError, urllib.error.URLError, ValueError, KeyError, AssertionError) as ex:
             seen[:] = [repr(ex)]
             return None
         seen[:] = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in active]

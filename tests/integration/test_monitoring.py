@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ import yaml
 
 from tests.harness import cluster as sim
 from tests.lib.playbook import REPO, SITE_CHECK, run_playbook
+from tests.lib.prometheus_tools import prometheus_api
 from tests.lib.reach import DROPPED, at_once, connect
 from tests.lib.supervised import REVISION, api_key_header, checkpoint_files, generate, wait_for
 from tests.standins.grafana_api import GrafanaAPI
@@ -84,12 +83,7 @@ def settings(cluster, reports: Path, grafana: str = "", token_file: str = "") ->
 
 def prometheus(cluster, path: str, **params) -> dict:
     """Prometheus's HTTP API on the monitoring host (the worker), as an allowed client asks it."""
-    query = f"?{urllib.parse.urlencode(params)}" if params else ""
-    url = f"http://{cluster.nodes[1].mgmt_ip}:9090/api/v1/{path}{query}"
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the simulated monitoring host
-        answer = json.loads(resp.read())
-    assert answer["status"] == "success", answer
-    return answer["data"]
+    return prometheus_api(cluster.nodes[1].mgmt_ip, path, **params)
 
 
 def value(cluster, expr: str) -> list[tuple[dict, float]]:

@@ -13,11 +13,14 @@ the tests compare.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 CACHE = Path(os.environ.get("SPARK_TOOLS_CACHE")
@@ -63,6 +66,15 @@ def node_exporter() -> Path:
 
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def prometheus_api(address: str, path: str, **params) -> dict:
+    """The data of Prometheus's HTTP API at `address` (its port 9090), as an allowed client asks it."""
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"http://{address}:9090/api/v1/{path}{query}", timeout=10) as resp:  # noqa: S310 - a simulated node
+        answer = json.loads(resp.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]
 
 
 def parse_exposition(text: str) -> dict:
