@@ -433,6 +433,13 @@ def fabric_known_host_lines(host_keys, address) -> list:
     return out
 
 
+def fabric_stale_pins(lines, site_ips, kept_ips) -> list:
+    """The known_hosts lines (as the probe read them) that pin a site node's fabric address other than `kept_ips`
+    (a head's workers'; none elsewhere): a former head's pins, left by a site regrouped or a head changed."""
+    stale = {str(ip) for ip in site_ips or [] if ip} - {str(ip) for ip in kept_ips or [] if ip}
+    return [line for line in lines or [] if set(line.split(" ", 1)[0].split(",")) & stale]
+
+
 def _stat_gap(stats, path, owner, mode, what):
     st = (stats or {}).get(path) or {}
     if not st.get("exists"):
@@ -907,6 +914,7 @@ class FilterModule:
             "fabric_rail_faults": fabric_rail_faults,
             "fabric_rails_report": fabric_rails_report,
             "fabric_known_host_lines": fabric_known_host_lines,
+            "fabric_stale_pins": fabric_stale_pins,
             "fabric_route_faults": fabric_route_faults,
             "fabric_ping_faults": fabric_ping_faults,
             "fabric_trust_gaps": fabric_trust_gaps,

@@ -17,7 +17,8 @@ description:
     the kernel's route to each peer, full-size pings that may not fragment to each peer (where the
     fabric port is up with carrier), the RDMA devices and their ports (O(rdma)), the SSH host keys and
     C(authorized_keys) (of every node, where a worker holds its head's key and a former head's is stale) and the
-    head's fabric key pair and known_hosts (on the head), with
+    head's fabric key pair, and C(known_hosts) (of every node, where a head pins its workers and a former
+    head's pins are stale), with
     the owner and mode of the SSH files the role manages).
   - The role reads it again after a change (netplan apply, firewall rules) for the proof.
   - Command results keep the shape of M(ansible.builtin.command)'s (C(rc), C(stdout), C(stderr)); a tool
@@ -44,7 +45,7 @@ options:
     type: str
     default: ""
   known_hosts_path:
-    description: A known_hosts file to read if it exists (the head's); empty reads none.
+    description: A known_hosts file to read if it exists; empty reads none.
     type: str
     default: ""
   authorized_keys_path:

@@ -222,6 +222,12 @@ def test_site_converges_each_group_at_its_own_head(site):
         fabric_keys = [line.split()[-1] for line in sh(site.nodes[worker], "cat /root/.ssh/authorized_keys").splitlines()
                        if "spark-fabric@" in line]
         assert fabric_keys == [f"spark-fabric@{head}"], (worker, fabric_keys)
+        # And only a head pins the host keys of its own workers' fabric addresses.
+        for name in (head, worker):
+            pinned = {line.split()[0] for line in sh(site.nodes[name], "cat /root/.ssh/known_hosts 2>/dev/null; true")
+                      .splitlines() if line.strip()}
+            others = {n.fabric_ip for n in site.cluster.nodes if n.name != (worker if name == head else None)}
+            assert not pinned & others, (name, pinned)
     for group, (head, worker) in GROUPS.items():
         fabric = site.nodes[head].fabric_ip
         for rank, name in enumerate((head, worker)):

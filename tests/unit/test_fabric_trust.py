@@ -85,6 +85,19 @@ def test_known_host_lines_pin_type_and_key_for_the_fabric_address():
     assert fabric.fabric_known_host_lines([{"type": "rsa", "content": "  \n"}], "x") == []
 
 
+def test_a_former_heads_pins_of_site_nodes_other_than_its_workers_are_stale():
+    site = ["192.168.100.10", "192.168.100.11", "192.168.100.12", "192.168.100.13"]
+    lines = ["192.168.100.11 ssh-ed25519 AAAAC3one", "192.168.100.12 ssh-ed25519 AAAAC3two",
+             "192.168.100.13,host-3 ssh-rsa AAAAB3three", "|1|hashedbyssh= ssh-ed25519 AAAAC3mine",
+             "10.0.0.5 ssh-ed25519 AAAAC3elsewhere"]
+    # A head keeps its workers' pins; another site node's fabric address is a former head's leftover. Hashed lines
+    # (ssh's own, an operator's) and addresses outside the site are never the role's.
+    assert fabric.fabric_stale_pins(lines, site, ["192.168.100.11"]) == lines[1:3]
+    # A worker pins nobody's.
+    assert fabric.fabric_stale_pins(lines, site, []) == lines[:3]
+    assert fabric.fabric_stale_pins([], site, []) == []
+
+
 def route(peer, **fields):
     return {"item": peer, "rc": 0, "stdout": json.dumps([fields])}
 
