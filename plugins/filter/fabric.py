@@ -433,6 +433,17 @@ def fabric_known_host_lines(host_keys, address) -> list:
     return out
 
 
+def fabric_stale_keys(lines, head) -> list:
+    """The authorized_keys lines (as the probe read them) that let in a fabric key other than `head`'s (a
+    worker's head; '' on a head, which lets in none): a former head's, left by a site regrouped or a head changed."""
+    out = []
+    for line in lines or []:
+        comment = line.split()[-1] if line.split() else ""
+        if comment.startswith("spark-fabric@") and comment != f"spark-fabric@{head}":
+            out.append(line)
+    return out
+
+
 def fabric_stale_pins(lines, site_ips, kept_ips) -> list:
     """The known_hosts lines (as the probe read them) that pin a site node's fabric address other than `kept_ips`
     (a head's workers'; none elsewhere): a former head's pins, left by a site regrouped or a head changed."""
@@ -914,6 +925,7 @@ class FilterModule:
             "fabric_rail_faults": fabric_rail_faults,
             "fabric_rails_report": fabric_rails_report,
             "fabric_known_host_lines": fabric_known_host_lines,
+            "fabric_stale_keys": fabric_stale_keys,
             "fabric_stale_pins": fabric_stale_pins,
             "fabric_route_faults": fabric_route_faults,
             "fabric_ping_faults": fabric_ping_faults,

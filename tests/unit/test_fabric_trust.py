@@ -85,6 +85,19 @@ def test_known_host_lines_pin_type_and_key_for_the_fabric_address():
     assert fabric.fabric_known_host_lines([{"type": "rsa", "content": "  \n"}], "x") == []
 
 
+def test_a_fabric_key_other_than_the_workers_own_heads_is_stale():
+    lines = ['from="192.168.100.10",restrict ssh-ed25519 AAAAC3zero spark-fabric@spark-0',
+             'from="192.168.100.12",restrict ssh-ed25519 AAAAC3two spark-fabric@spark-2',
+             'from="192.168.100.13",restrict ssh-ed25519 AAAAC3three spark-checkpoint@spark-3',
+             "ssh-ed25519 AAAAC3op operator@laptop", "ssh-ed25519 AAAAC3sim spark-fabric@spark-20"]
+    # A worker of spark-2 keeps its head's key; another head's is a leftover (spark-20 is not spark-2). A sync's
+    # own grant and an operator's key are never the fabric role's.
+    assert fabric.fabric_stale_keys(lines, "spark-2") == [lines[0], lines[4]]
+    # A head lets in no fabric key.
+    assert fabric.fabric_stale_keys(lines, "") == [lines[0], lines[1], lines[4]]
+    assert fabric.fabric_stale_keys([""], "") == []
+
+
 def test_a_former_heads_pins_of_site_nodes_other_than_its_workers_are_stale():
     site = ["192.168.100.10", "192.168.100.11", "192.168.100.12", "192.168.100.13"]
     lines = ["192.168.100.11 ssh-ed25519 AAAAC3one", "192.168.100.12 ssh-ed25519 AAAAC3two",
