@@ -9,6 +9,8 @@ from __future__ import annotations
 import ipaddress
 import json
 
+from ansible_collections.dgx_spark.llm_serving.plugins.module_utils import fabric_ring
+
 
 def fabric_ipv4_error(address, prefix) -> str:
     """Why `address`/`prefix` cannot be a host address on a point-to-point or switched fabric ('' if it can)."""
@@ -338,8 +340,9 @@ def fabric_port_cause(port, want, peers, variable="spark_fabric_interface"):
 
 
 def fabric_route_faults(routes, interface, address) -> list:
-    """Routes to peers (`ip -j route get` results with the peer as item) that do not leave through `interface`
-    from `address`: [{peer, dev, prefsrc, local}], empty when all do."""
+    """Routes to peers (`ip -j route get` results with the peer as item) that do not leave through `interface` (or,
+    a mapping, the peer's own: a ring's routes take either port) from `address`: [{peer, dev, prefsrc, local, want}],
+    empty when all do."""
     out = []
     for result in routes or []:
         try:
@@ -347,9 +350,10 @@ def fabric_route_faults(routes, interface, address) -> list:
         except ValueError:
             route = {}
         local = route.get("type", "unicast") == "local"
-        if local or route.get("dev") != interface or route.get("prefsrc", "") != address:
+        want = interface.get(result.get("item"), "?") if isinstance(interface, dict) else interface
+        if local or route.get("dev") != want or route.get("prefsrc", "") != address:
             out.append({"peer": result.get("item"), "dev": route.get("dev", "?"), "prefsrc": route.get("prefsrc", "?"),
-                        "local": local})
+                        "local": local, "want": want})
     return out
 
 
@@ -729,7 +733,7 @@ def fabric_pair_rounds(members, play_hosts) -> list:
     return rounds
 
 
-def fabric_rdma_pairs(reads, rounds, interfaces, *, rail_ips, port) -> dict:
+def fabric_rdma_pairs(reads, rounds, interfaces, *, rail_ips, port, links=None) -> dict:
     """What the RDMA bandwidth proof measures: {pairs, unmeasured}.
 
     rounds: fabric_pair_rounds; interfaces: the rails' ports, the fabric port first; rail_ips: {host: [its address on
@@ -737,7 +741,8 @@ def fabric_rdma_pairs(reads, rounds, interfaces, *, rail_ips, port) -> dict:
     rail usable on both ends of a pair whose ends both read their RDMA devices in this run (on each rail the n-th
     usable device of each; each its own port from `port` up); unmeasured: [sentence] for a pair that has a usable
     rail but where ib_write_bw is missing on either end. A rail not usable on both ends is not measured: the
-    proof's warning already names why.
+    proof's warning already names why. links: [[rail index at `from`, rail index at `to`]] to measure on every pair
+    (a ring's cable joins the first port of one end to the second of the other); by default each rail to itself.
     """
     reads = reads or {}
     interfaces = [interfaces] if isinstance(interfaces, str) else list(interfaces or [])
@@ -754,9 +759,9 @@ def fabric_rdma_pairs(reads, rounds, interfaces, *, rail_ips, port) -> dict:
                 continue
             mine, theirs = reads[source] or {}, reads[target] or {}
             rails = []
-            for i, interface in enumerate(interfaces):
-                a, b = usable(mine, source, i), usable(theirs, target, i)
-                rails += [(i, interface, x, a["gid_indexes"][x], y, b["gid_indexes"][y])
+            for i, j in links or [(i, i) for i in range(len(interfaces))]:
+                a, b = usable(mine, source, i), usable(theirs, target, j)
+                rails += [(j, interfaces[i], x, a["gid_indexes"][x], y, b["gid_indexes"][y])
                           for x, y in zip(a["hcas"], b["hcas"], strict=False)]
             if not rails:
                 continue
@@ -949,4 +954,10 @@ class FilterModule:
             "fabric_all_reduce": fabric_all_reduce,
             "fabric_record": fabric_record,
             "fabric_record_lines": fabric_record_lines,
+            "fabric_ring_plan": fabric_ring.plan,
+            "fabric_ring_rail_ips": fabric_ring.rail_ips,
+            "fabric_ring_pair_rounds": fabric_ring.pair_rounds,
+            "fabric_ring_errors": fabric_ring.input_errors,
+            "fabric_ring_cabling_errors": fabric_ring.cabling_errors,
+            "fabric_ring_readings": fabric_ring.readings,
         }

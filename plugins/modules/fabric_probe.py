@@ -74,6 +74,23 @@ options:
     description: ICMP payload of the full-size pings (the MTU less 28); a peer that does not answer them gets small ones.
     type: int
     default: 0
+  ping_from:
+    description:
+      - An address on O(ping_interface) to ping the peers from instead of through that port (C(ping -I <address>)),
+        so that the kernel's routes choose the way out.
+      - A ring's node address is on a device of its own and reaches its peers over either of the node's ports.
+    type: str
+    default: ""
+    version_added: "1.8.0"
+  neighbours:
+    description:
+      - Ports on which to ask who is at the cable's other end - the link-local addresses answering a ping to the
+        all-nodes group C(ff02::1) - for the check that a ring's cabling matches the group's order.
+      - A port without carrier is left out (nobody could answer).
+    type: list
+    elements: str
+    default: []
+    version_added: "1.8.0"
   rdma:
     description:
       - Read every RDMA device's ports (state, physical state, link layer, the GID table with each entry's type and
@@ -193,6 +210,13 @@ record:
   returned: always
   type: dict
   version_added: "1.7.0"
+neighbours:
+  description:
+    - Per port of O(neighbours) that has carrier, the sorted link-local addresses that answered on it (the node's own
+      among them).
+  returned: always
+  type: dict
+  version_added: "1.8.0"
 rails:
   description: Per rail of O(rails), in order, C({interface, routes, pings}) shaped as RV(routes) and RV(pings).
   returned: always
@@ -216,6 +240,8 @@ DEVINFO_HCA = re.compile(r"^hca_id:\s*(\S+)")
 DEVINFO_PORT = re.compile(r"^\s+port:\s*(\d+)")
 DEVINFO_MTU = re.compile(r"^\s+(active_mtu|max_mtu):\s*(\d+)")
 UNUSED_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# iputils ping's reply line for a link-local responder: "64 bytes from fe80::1%enp1s0f0np0: icmp_seq=1 ...".
+LINK_LOCAL_REPLY = re.compile(r"from (fe80:[0-9a-f:]+)(?:%\S+)?:", re.IGNORECASE)
 
 
 def _run(module, *argv):
@@ -311,20 +337,36 @@ def _rdma(module):
     return {"devices": devices, "devinfo": devinfo, "ib_write_bw": perftest}
 
 
-def _pings(module, interface, size, peers):
-    """The role's full-size DF pings, and small ones where those failed (MTU trouble or no path at all)."""
-    if not interface or not peers or not _has_carrier(interface):
+def _pings(module, interface, size, peers, source=""):
+    """The role's full-size DF pings, and small ones where those failed (MTU trouble or no path at all): through
+    `interface`, or from the address `source` on it where given (a ring's node address reaches its peers through
+    the routes over either port)."""
+    # A ring's node address is on a bridge without ports, which has no carrier of its own: its ports carry the pings.
+    if not interface or not peers or not (source or _has_carrier(interface)):
         return []
     # Three pings prove the path and the frame size whatever their spacing; at ping's default for other users
     # (0.2 s, its minimum for them) they are most of the read's time in every run. root may space them closer.
     interval = "0.02" if os.geteuid() == 0 else "0.2"
     out = []
     for peer in peers:
-        full = _run(module, "ping", "-c", "3", "-i", interval, "-W", "2", "-M", "do", "-s", str(size), "-I", interface, peer)
+        full = _run(module, "ping", "-c", "3", "-i", interval, "-W", "2", "-M", "do", "-s", str(size),
+                    "-I", source or interface, peer)
         small = None
         if full["rc"] != 0:
-            small = _run(module, "ping", "-c", "3", "-i", interval, "-W", "2", "-I", interface, peer)
+            small = _run(module, "ping", "-c", "3", "-i", interval, "-W", "2", "-I", source or interface, peer)
         out.append({"item": peer, **full, "small": small})
+    return out
+
+
+def _neighbours(module, ports):
+    """Per port with carrier, the link-local addresses that answer the all-nodes group on it: who is at the
+    cable's other end (the node itself answers too). A port without carrier hears nobody and is left out."""
+    out = {}
+    for port in ports:
+        if not _has_carrier(port):
+            continue
+        heard = _run(module, "ping", "-6", "-c", "2", "-i", "0.2", "-W", "1", "-I", port, "ff02::1")
+        out[port] = sorted(set(LINK_LOCAL_REPLY.findall(heard["stdout"])))
     return out
 
 
@@ -341,6 +383,8 @@ def main():
             "checksum_paths": {"type": "list", "elements": "str", "default": []},
             "ping_interface": {"type": "str", "default": ""},
             "ping_size": {"type": "int", "default": 0},
+            "ping_from": {"type": "str", "default": ""},
+            "neighbours": {"type": "list", "elements": "str", "default": []},
             "rdma": {"type": "bool", "default": False},
             "record_path": {"type": "str", "default": ""},
             "rails": {"type": "list", "elements": "dict", "default": [], "options": {
@@ -376,7 +420,8 @@ def main():
         known_hosts=[line.strip() for line in (known or "").splitlines() if line.strip()],
         authorized_keys=[line.strip() for line in (authorized or "").splitlines() if line.strip()],
         stats={path: _stat(path, checksum=path in p["checksum_paths"]) for path in p["stat_paths"]},
-        pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"]),
+        pings=_pings(module, p["ping_interface"], p["ping_size"], p["peers"], p["ping_from"]),
+        neighbours=_neighbours(module, p["neighbours"]),
         rdma=_rdma(module) if p["rdma"] else {},
         record=_json(_read(p["record_path"])) if p["record_path"] else {},
         rails=[{"interface": rail["interface"],

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-PLUGIN = Path(__file__).resolve().parents[2] / "plugins/filter/fabric.py"
-spec = importlib.util.spec_from_file_location("fabric_filters", PLUGIN)
-fabric = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fabric)
+from tests.lib.roles import filter_plugin
+
+fabric = filter_plugin("fabric")
 
 
 @pytest.mark.parametrize(

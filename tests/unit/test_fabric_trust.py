@@ -3,14 +3,11 @@ the proof's route and ping faults from the probe's readings."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-PLUGIN = Path(__file__).resolve().parents[2] / "plugins/filter/fabric.py"
-spec = importlib.util.spec_from_file_location("fabric_filters_trust", PLUGIN)
-fabric = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fabric)
+from tests.lib.roles import filter_plugin
+
+fabric = filter_plugin("fabric")
 
 KEY = "/root/.ssh/id_spark_fabric"
 AUTH = "~root/.ssh/authorized_keys"
@@ -123,10 +120,15 @@ def test_route_faults_name_the_way_out_and_local_addresses():
     failed = {"item": "192.168.100.12", "rc": 2, "stdout": ""}
     faults = fabric.fabric_route_faults([wrong, local, failed], "enp1s0f1np1", "192.168.100.10")
     assert faults == [
-        {"peer": "192.168.100.11", "dev": "enP7s7", "prefsrc": "192.168.100.100", "local": False},
-        {"peer": "192.168.100.11", "dev": "lo", "prefsrc": "192.168.100.11", "local": True},
-        {"peer": "192.168.100.12", "dev": "?", "prefsrc": "?", "local": False},
+        {"peer": "192.168.100.11", "dev": "enP7s7", "prefsrc": "192.168.100.100", "local": False, "want": "enp1s0f1np1"},
+        {"peer": "192.168.100.11", "dev": "lo", "prefsrc": "192.168.100.11", "local": True, "want": "enp1s0f1np1"},
+        {"peer": "192.168.100.12", "dev": "?", "prefsrc": "?", "local": False, "want": "enp1s0f1np1"},
     ]
+    # A ring's routes each take the port the peer is reached through.
+    ring = {"item": "192.168.100.12", "rc": 0, "stdout": '[{"dev": "enp1s0f0np0", "prefsrc": "192.168.100.10"}]'}
+    assert fabric.fabric_route_faults([ring], {"192.168.100.12": "enp1s0f0np0"}, "192.168.100.10") == []
+    assert fabric.fabric_route_faults([ring], {"192.168.100.12": "enp1s0f1np1"}, "192.168.100.10")[0]["want"] == \
+        "enp1s0f1np1"
 
 
 def test_ping_faults_tell_mtu_trouble_from_no_path_and_from_no_reading():
