@@ -656,15 +656,17 @@ def probe_problems(raw, ctx):
         problems["fabric_link"] = f"interface {ctx.get('fabric_interface')} not found: {detail}"
     elif flags and "UP" not in flags:
         problems["fabric_down"] = f"{ctx.get('fabric_interface')} is administratively down (flags {','.join(flags)})"
-    elif "NO-CARRIER" in flags:
+    elif "NO-CARRIER" in flags and not ctx.get("fabric_ports"):
         problems["fabric_carrier"] = f"{ctx.get('fabric_interface')} has no carrier (flags {','.join(flags)})"
     if raw.get("link_rc") in (None, 0, "0") and mtu and expected and str(mtu) != str(expected):
         problems["fabric_mtu"] = f"{ctx.get('fabric_interface')} MTU {mtu}, expected {expected}"
+    # A ring's routes to the peers leave through either of its ports.
+    ways_out = ctx.get("fabric_ports") or [ctx.get("fabric_interface")]
     bad_routes = [f"{peer} via {dev or 'no route'}" for peer, dev in (raw.get("routes") or {}).items()
-                  if dev != ctx.get("fabric_interface")]
+                  if dev not in ways_out]
     if bad_routes:
         problems["fabric_route"] = "route to peer fabric address " + ", ".join(bad_routes) + \
-            f" (expected dev {ctx.get('fabric_interface')})"
+            f" (expected dev {' or '.join(ways_out)})"
     env = parse_env(raw.get("env_text")) if raw.get("env_rc") in (0, "0") else None
     if env is not None:
         name = ctx.get("host_ip_env") or "SGLANG_HOST_IP"

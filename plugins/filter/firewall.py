@@ -264,7 +264,9 @@ def _nft(rule, sets):
     words = []
     if match.get("iif"):
         words.append(f'iif "{match["iif"]}"')
-    if "iifname" in match:
+    if isinstance(match.get("iifname"), list):
+        words.append("iifname { " + ", ".join(f'"{name}"' for name in match["iifname"]) + " }")
+    elif "iifname" in match:
         words.append(f'iifname "{match["iifname"]}"')
     if "saddr_set" in match:
         family = "ip" if sets[match["saddr_set"]]["type"] == "ipv4_addr" else "ip6"
@@ -297,7 +299,8 @@ def _in_set(address, spec):
 def _matches(match, packet, sets):
     if match.get("iif") and packet["iif"] != match["iif"]:
         return False
-    if "iifname" in match and packet["iif"] != match["iifname"]:
+    if "iifname" in match and packet["iif"] not in (match["iifname"] if isinstance(match["iifname"], list)
+                                                     else [match["iifname"]]):
         return False
     if "saddr_set" in match and not _in_set(packet["saddr"], sets[match["saddr_set"]]):
         return False
@@ -405,6 +408,12 @@ def firewall_plan(ctx, hostvars=None):
     if not isinstance(interface, str) or not IFNAME.match(interface):
         errors.append(f"{names['fabric_interface']} = {inputs.shown(interface)}: the ranks' ports are opened to the peers on "
                       "the fabric interface, which needs its name. Fix: set spark_fabric_interface (e.g. enp1s0f1np1).")
+    # A ring's peers come in over the node's two ports (the node address is on a device of its own).
+    ring_ports = ctx.get("fabric_ports") or []
+    if not isinstance(ring_ports, list) or not all(isinstance(p, str) and IFNAME.match(p) for p in ring_ports):
+        errors.append(f"firewall_fabric_ports = {inputs.shown(ring_ports)}: the ports a ring's peers come in on must be "
+                      "interface names. Fix: set spark_fabric_ring_ports (e.g. [enp1s0f0np0, enp1s0f1np1]).")
+        ring_ports = []
     fabric_ip = _address(str(fabric_ips.get(host)))
     if fabric_ip is None or fabric_ip.version != 4:
         errors.append(f"hostvars[{host!r}].spark_fabric_ip = {inputs.shown(fabric_ips.get(host))}: the ranks' ports on the "
@@ -529,7 +538,8 @@ def firewall_plan(ctx, hostvars=None):
 
     plan = {
         "errors": errors, "host": host, "http": is_head, "http_port": http_port,
-        "dist_ports": dist_ports if is_head else [], "fabric_interface": interface,
+        "dist_ports": dist_ports if is_head else [],
+        "fabric_interface": [interface, *[p for p in ring_ports if p != interface]] if ring_ports else interface,
         "local_ports": local_ports if is_head else [],
         "fabric_ip": str(fabric_ip) if fabric_ip else "", "peers": peers, "names": names,
         "clients": {"ip": [str(n) for n in nets or [] if n.version == 4],

@@ -412,3 +412,18 @@ def test_the_site_s_other_groups_reach_the_checkpoint_sync_on_the_fabric_and_not
     bad = plan(fabric_ips=fabric, sync_hosts=["spark-2"], sync_ports=["28733-28730"])
     assert bad["errors"] == ["firewall_fabric_sync_ports = ['28733-28730']: '28733-28730' is neither a TCP port nor a "
                              'range low-high of them. Fix: e.g. [22, "28730-28737"].'], bad["errors"]
+
+
+def test_a_rings_peers_come_in_over_its_two_ports_and_nowhere_else():
+    ports = ["enp1s0f0np0", "enp1s0f1np1"]
+    p = plan(allowed_clients=["10.0.0.0/24"], fabric_interface="fabric0", fabric_ports=ports)
+    assert p["errors"] == [] and p["fabric_interface"] == ["fabric0", *ports]
+    for port in ports:
+        assert verdict(p, "192.168.100.11", "192.168.100.10", 20000, iif=port) == "accept"
+    assert verdict(p, "192.168.100.11", "192.168.100.10", 20000) == "drop"
+    assert 'iifname { "fabric0", "enp1s0f0np0", "enp1s0f1np1" } ip saddr @fabric_peers accept' in "\n".join(
+        fw._nft(rule, p["sets"]) for rule in p["chains"]["input"])
+    # Without a ring the rule names the one fabric port, as before.
+    assert plan(allowed_clients=["10.0.0.0/24"])["fabric_interface"] == "enp1s0f1np1"
+    errors = plan(fabric_ports=["bad name!"])["errors"]
+    assert any("firewall_fabric_ports = ['bad name!']" in e and "Fix:" in e for e in errors), errors
