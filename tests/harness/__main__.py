@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="make that many TP groups of the nodes (replica_a, ...) in the inventory")
     up.add_argument("--hub", action="store_true",
                     help="serve the synthetic checkpoint from a hub emulator on the bridge and point the inventory at it")
+    up.add_argument("--ring", action="store_true",
+                    help="cable the nodes (three or four) in a ring without a switch, one TP group")
+    recable = sub.add_parser("recable", help="cable a ring again in the order of the nodes named")
+    recable.add_argument("-i", "--instance", default="sim")
+    recable.add_argument("nodes", nargs="+", metavar="NODE")
+    recable.add_argument("--open", action="store_true", help="leave the cable from the last node to the first out")
     down = sub.add_parser("down", help="tear an instance down completely")
     down.add_argument("-i", "--instance", default="sim")
     knob = sub.add_parser("knob", help="change a node's stand-in knobs")
@@ -71,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         print(rootfs)
     elif args.cmd == "up":
         c = cluster.up(args.instance, args.nodes, json.loads(args.knobs), hub=args.hub, site_rails=args.site_rails,
-                       tp_groups=args.tp_groups)
+                       tp_groups=args.tp_groups, ring=args.ring)
         print(c.inventory)
+    elif args.cmd == "recable":
+        cluster.recable(args.instance, args.nodes, closed=not args.open)
     elif args.cmd == "down":
         cluster.down(args.instance)
     elif args.cmd == "knob":

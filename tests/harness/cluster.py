@@ -44,6 +44,12 @@ ROCE_HCA = "rocep1s0f1"
 # bridge in the cluster's switch namespace so that a test can unplug one node's end (unplug_rail).
 RAIL2_IFACE = "enP2p1s0f1np1"
 RAIL2_HCA = "roceP2p1s0f1"
+# A ring of three or four nodes without a switch (up(ring=True)): each node's two QSFP ports, the first cabled to
+# the next node's second, their RDMA devices, the device the node address lives on, and the cables' subnet.
+RING_PORTS = ("enp1s0f0np0", "enp1s0f1np1")
+RING_HCAS = {"rocep1s0f0": "enp1s0f0np0", "rocep1s0f1": "enp1s0f1np1"}
+RING_NODE_IFACE = "fabric0"
+RING_BASE = "10.234"
 # Two /16s no ordinary site uses; one /24 of each per cluster instance.
 MGMT_BASE = "10.231"
 FABRIC_BASE = "10.232"
@@ -77,6 +83,8 @@ class Cluster:
     # How many TP groups the inventory makes of the nodes (the child groups replica_a, replica_b, ... of
     # spark_tp_groups, equal in size, in node order); 1 is today's one-group inventory.
     tp_groups: int = 1
+    # A ring: the nodes (in this order of ranks) cabled around it, each one's first port to the next's second.
+    ring: list[int] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     hub_pid: int = 0
     hub_url: str = ""
@@ -89,6 +97,10 @@ class Cluster:
     @property
     def rail2_subnet(self) -> str:
         return f"{RAIL2_BASE}.{self.index}.0/24"
+
+    @property
+    def ring_subnet(self) -> str:
+        return f"{RING_BASE}.{self.index}.0/24"
 
     @property
     def inventory(self) -> Path:
@@ -160,7 +172,11 @@ def _lock():
 
 
 def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = None, hub: bool = False,
-       site_rails: int = 2, *, tp_groups: int = 1) -> Cluster:
+       site_rails: int = 2, *, tp_groups: int = 1, ring: bool = False) -> Cluster:
+    """`ring`: the nodes (three or four, one TP group) cabled in a ring without a switch, each one's first QSFP port
+    to the next node's second (recable() changes the order), with the RoCE devices of both ports."""
+    if ring and (nodes not in (3, 4) or tp_groups != 1):
+        raise SystemExit("harness: a ring is one TP group of three or four nodes")
     if not NAME_RE.match(instance):
         raise SystemExit(f"harness: instance name {instance!r} must match {NAME_RE.pattern}")
     if nodes < 2:
@@ -184,6 +200,7 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
             switch_netns=f"spsim-{instance}-sw",
             site_rails=site_rails,
             tp_groups=tp_groups,
+            ring=list(range(nodes)) if ring else [],
         )
         for rank in range(nodes):
             cluster.nodes.append(
@@ -201,7 +218,10 @@ def up(instance: str = "sim", nodes: int = 2, knobs: dict[str, dict] | None = No
         try:
             _network_up(cluster)
             for node in cluster.nodes:
-                _prepare_node(cluster, node, rootfs, wheels, (knobs or {}).get(node.name, {}))
+                node_knobs = (knobs or {}).get(node.name, {})
+                if ring:
+                    node_knobs = {**node_knobs, "roce": {"hcas": RING_HCAS, **node_knobs.get("roce", {})}}
+                _prepare_node(cluster, node, rootfs, wheels, node_knobs)
             for node in cluster.nodes:
                 _boot(cluster, node)
                 cluster.save()
@@ -461,6 +481,10 @@ def _network_up(c: Cluster) -> None:
         run(["ip", "link", "set", n.host_veth, "master", c.bridge, "up"])
         run(["ip", "-n", n.netns, "addr", "add", f"{n.mgmt_ip}/24", "dev", MGMT_IFACE])
         run(["ip", "-n", n.netns, "link", "set", MGMT_IFACE, "up"])
+    if c.ring:
+        run(["ip", "route", "add", "unreachable", c.ring_subnet])
+        _ring_cables(c)
+        return
     if len(c.nodes) == 2:
         a, b = c.nodes
         # The DGX back-to-back cable.
@@ -472,6 +496,44 @@ def _network_up(c: Cluster) -> None:
         # A jumbo-capable switch: a bridge in a namespace of its own.
         _switched(c, "fabric", FABRIC_IFACE, "port")
     _switched(c, "rail2", RAIL2_IFACE, "rail2port")
+
+
+def _ring_cables(c: Cluster, closed: bool = True) -> None:
+    """The ring's cables in c.ring's order: each node's first port to the next node's second. Not `closed`: the last
+    cable is out - the two ports it joined are there, without carrier (their far ends lie unplugged in the switch
+    namespace)."""
+    by_rank = {n.rank: n for n in c.nodes}
+    order = [by_rank[r] for r in c.ring]
+    for k, a in enumerate(order):
+        b = order[(k + 1) % len(order)]
+        if closed or k < len(order) - 1:
+            run(["ip", "link", "add", RING_PORTS[0], "netns", a.netns, "type", "veth",
+                 "peer", "name", RING_PORTS[1], "netns", b.netns])
+            continue
+        for n, port, loose in ((a, RING_PORTS[0], "ringout0"), (b, RING_PORTS[1], "ringout1")):
+            run(["ip", "link", "add", port, "netns", n.netns, "type", "veth", "peer", "name", loose,
+                 "netns", c.switch_netns])
+    for n in order:
+        for port in RING_PORTS:
+            run(["ip", "-n", n.netns, "link", "set", port, "up"])
+
+
+def recable(instance: str, order: list[str], closed: bool = True) -> Cluster:
+    """Cable the ring again in the order of the nodes named (as a site that moved its cables): the ports go and come
+    back, and with them the nodes' carrier, addresses and RDMA devices, as when cables are pulled and plugged. Not
+    `closed`: the cable from the last node named back to the first is left out."""
+    with _lock():
+        c = _load(instance)
+        by_name = {n.name: n for n in c.nodes}
+        if not c.ring or sorted(order) != sorted(by_name):
+            raise SystemExit(f"harness: {order} is no ring order of {sorted(by_name)}")
+        for n in c.nodes:
+            for port in RING_PORTS:
+                run(["ip", "-n", n.netns, "link", "del", port], check=False, quiet=True)
+        c.ring = [by_name[name].rank for name in order]
+        _ring_cables(c, closed)
+        c.save()
+    return c
 
 
 def _switched(c: Cluster, bridge: str, iface: str, port_prefix: str) -> None:
@@ -716,7 +778,9 @@ def _boot(c: Cluster, n: Node) -> None:
     for sub in ("power", "machine"):
         (cg / sub).mkdir(parents=True, exist_ok=True)
     v1 = _V1_SYSTEMD / "spark-sim" / c.instance / n.name if (_V1_SYSTEMD / "cgroup.procs").exists() else ""
-    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")
+    # The node's /proc/sys/net writable, as a host's is (a ring forwards on its ports): it is the node's own network
+    # namespace's, never this machine's.
+    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1", SYSTEMD_NSPAWN_API_VFS_WRITABLE="network")
     # Appended to: a power cycle keeps the node's earlier boots on its console.
     logf = open(Path(n.dir) / "console.log", "a")
     reset = "\n    ".join(shlex.join(cmd) + " >/dev/null 2>&1" for cmd in _nic_off(n) + _nic_on(n))
@@ -857,10 +921,12 @@ def _write_inventory(c: Cluster) -> None:
                 "ansible_user": "root",
                 "ansible_ssh_private_key_file": str(key),
                 "ansible_ssh_common_args": f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
-                "spark_fabric_interface": FABRIC_IFACE,
+                "spark_fabric_interface": RING_NODE_IFACE if c.ring else FABRIC_IFACE,
                 "spark_fabric_prefix": ipaddress.ip_network(c.fabric_subnet).prefixlen,
                 **(
-                    {"spark_fabric_extra_rails": [{"interface": RAIL2_IFACE, "subnet": c.rail2_subnet}]}
+                    {"spark_fabric_ring_subnet": c.ring_subnet, "spark_fabric_ring_ports": list(RING_PORTS)}
+                    if c.ring
+                    else {"spark_fabric_extra_rails": [{"interface": RAIL2_IFACE, "subnet": c.rail2_subnet}]}
                     if c.site_rails > 1
                     else {}
                 ),
@@ -937,6 +1003,8 @@ def _down(c: Cluster) -> None:
         run(["ip", "netns", "del", c.switch_netns], check=False, quiet=True)
     run(["ip", "route", "del", "unreachable", c.fabric_subnet], check=False, quiet=True)
     run(["ip", "route", "del", "unreachable", c.rail2_subnet], check=False, quiet=True)
+    if c.ring:
+        run(["ip", "route", "del", "unreachable", c.ring_subnet], check=False, quiet=True)
     run(["ip", "link", "del", c.bridge], check=False, quiet=True)
     for cg in _cgroup_dirs(c.instance):
         _rmdir_tree(cg)
