@@ -190,6 +190,14 @@ def sim_four(request):
 
 
 @pytest.fixture(scope="module")
+def sim_ring(request):
+    """Four simulated Sparks cabled in a ring without a switch (each node's first QSFP port to the next node's
+    second, in node order), one TP group of four, with the hub: the module's own instance (SPARK_SIM_INSTANCE plus
+    `r`)."""
+    yield from _own_four_nodes(request, "r", ring=True)
+
+
+@pytest.fixture(scope="module")
 def sim_inventory(sim_cluster):
     return sim_cluster.inventory
 
