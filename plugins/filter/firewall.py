@@ -299,8 +299,8 @@ def _in_set(address, spec):
 def _matches(match, packet, sets):
     if match.get("iif") and packet["iif"] != match["iif"]:
         return False
-    if "iifname" in match and packet["iif"] not in (match["iifname"] if isinstance(match["iifname"], list)
-                                                     else [match["iifname"]]):
+    names = match.get("iifname")
+    if names is not None and packet["iif"] not in (names if isinstance(names, list) else [names]):
         return False
     if "saddr_set" in match and not _in_set(packet["saddr"], sets[match["saddr_set"]]):
         return False

@@ -573,6 +573,18 @@ def test_the_four_node_example_renders_one_tp4_group_whose_ranks_meet_at_the_hea
         assert tail["--dist-init-addr"] == "192.168.100.10:20000", host
         env = (out / host / "spark-llm.env").read_text()
         assert f"SGLANG_HOST_IP=192.168.100.1{rank}\n" in env, env
+        # A group on a switch gets none of a ring's NCCL settings.
+        assert "NCCL_CROSS_NIC" not in env and "NCCL_ALGO" not in env, env
+
+
+def test_the_ring_example_renders_the_node_address_device_and_the_rings_nccl_settings(tmp_path):
+    out = tmp_path / "r"
+    result = run_playbook(PLAYBOOK, REPO / "inventory" / "spark-ring4", extravars={"server_render_dir": str(out)})
+    assert result.rc == 0, result.failure_messages() or result.stdout[-3000:]
+    for rank in range(4):
+        env = (out / f"spark-{rank}" / "spark-llm.env").read_text()
+        for line in ("NCCL_SOCKET_IFNAME=fabric0", "NCCL_CROSS_NIC=1", "NCCL_ALGO=Ring", f"SGLANG_HOST_IP=192.168.100.1{rank}"):
+            assert f"\n{line}\n" in env, (rank, line, env)
 
 
 TWO_GROUPS = REPO / "inventory" / "spark-2x2"
