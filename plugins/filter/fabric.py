@@ -170,25 +170,21 @@ def fabric_rails_errors(extra, interface, address, prefix, netdevs=None) -> list
 
 
 NFT_COMMENT = "spark-fabric from {peer}"
+NFT_RING_COMMENT = "spark-fabric ring {inbound} -> {outbound}"
 
 
 def _nft_drops(rule_exprs) -> bool:
     return any(isinstance(e, dict) and ("drop" in e or "reject" in e) for e in rule_exprs or [])
 
 
-def fabric_nft_missing(ruleset, peers, interface) -> list:
-    """Accept rules the fabric still needs in an nftables ruleset (`nft -j list ruleset`, parsed).
-
-    Only IPv4-capable base chains on the input hook that can drop traffic (a
-    drop policy, or a drop/reject rule) need one; a ruleset without such a
-    chain is no active firewall. Returns one {family, table, chain, peer,
-    comment} per rule that is not there yet (recognised by its comment).
-    """
+def _dropping_chains(ruleset, hook) -> dict:
+    """{(family, table, chain): comments of its rules} of the IPv4-capable base chains on `hook` that can drop traffic
+    (a drop policy, or a drop/reject rule)."""
     items = [entry for entry in (ruleset or {}).get("nftables", []) if isinstance(entry, dict)]
     chains = {}
     for entry in items:
         chain = entry.get("chain")
-        if chain and chain.get("hook") == "input" and chain.get("family") in ("ip", "inet"):
+        if chain and chain.get("hook") == hook and chain.get("family") in ("ip", "inet"):
             key = (chain["family"], chain["table"], chain["name"])
             chains[key] = {"drops": chain.get("policy") == "drop", "comments": set()}
     for entry in items:
@@ -200,15 +196,38 @@ def fabric_nft_missing(ruleset, peers, interface) -> list:
             chains[key]["drops"] = chains[key]["drops"] or _nft_drops(rule.get("expr"))
             if rule.get("comment"):
                 chains[key]["comments"].add(rule["comment"])
+    return {key: chain["comments"] for key, chain in chains.items() if chain["drops"]}
+
+
+def fabric_nft_missing(ruleset, peers, interface) -> list:
+    """Accept rules the fabric still needs in an nftables ruleset (`nft -j list ruleset`, parsed).
+
+    Only IPv4-capable base chains on the input hook that can drop traffic (a
+    drop policy, or a drop/reject rule) need one; a ruleset without such a
+    chain is no active firewall. Returns one {family, table, chain, peer,
+    comment} per rule that is not there yet (recognised by its comment).
+    """
     out = []
-    for (family, table, name), chain in sorted(chains.items()):
-        if not chain["drops"]:
-            continue
+    for (family, table, name), comments in sorted(_dropping_chains(ruleset, "input").items()):
         for peer in peers:
             comment = NFT_COMMENT.format(peer=peer)
-            if comment not in chain["comments"]:
+            if comment not in comments:
                 out.append({"family": family, "table": table, "chain": name, "peer": peer,
                             "interface": interface, "comment": comment})
+    return out
+
+
+def fabric_nft_missing_forward(ruleset, ports) -> list:
+    """The forward rules a ring of four still needs (`ports`: the node's two ring ports): the traffic across the ring
+    goes in one port and out the other, and a dropping forward chain (Docker sets the filter table's FORWARD policy
+    to drop) stops it. One {family, table, chain, in, out, comment} per direction and dropping chain, not there yet."""
+    out = []
+    for (family, table, name), comments in sorted(_dropping_chains(ruleset, "forward").items()):
+        for inbound, outbound in (tuple(ports), tuple(reversed(ports))) if len(ports or []) == 2 else ():
+            comment = NFT_RING_COMMENT.format(inbound=inbound, outbound=outbound)
+            if comment not in comments:
+                out.append({"family": family, "table": table, "chain": name, "in": inbound, "out": outbound,
+                            "comment": comment})
     return out
 
 
@@ -937,6 +956,7 @@ class FilterModule:
             "fabric_trust_gaps": fabric_trust_gaps,
             "fabric_nft_missing": fabric_nft_missing,
             "fabric_nft_missing_rails": fabric_nft_missing_rails,
+            "fabric_nft_missing_forward": fabric_nft_missing_forward,
             "fabric_port": fabric_port,
             "fabric_peer_port": fabric_peer_port,
             "fabric_drift": fabric_drift,

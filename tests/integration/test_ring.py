@@ -5,7 +5,8 @@ Before any change the cabling the nodes report is checked against the group's or
 refused with the order they do close, a cable out with the ports that lack it, and nothing is written. Cabled as the
 group's order, one site.yml converges the ring: each cable a /30 of its own, the node addresses on a bridge without
 ports reached over host routes (through the neighbour that comes first across the ring), both ports' RoCE devices
-and the ring's NCCL settings in every rank's environment; the proof measures each cable's RDMA and the all-reduce
+and the ring's NCCL settings in every rank's environment, a forward chain that drops (Docker's) opened between the two
+ports alone; the proof measures each cable's RDMA and the all-reduce
 over RDMA, and verify passes. A second site.yml changes nothing and measures nothing. NCCL's ring without the ring's
 settings, or with ranks out of the ring's order, fails as NCCL does.
 """
@@ -31,6 +32,7 @@ BUSBW_TASK = "Show the all-reduce bus bandwidth and the network NCCL used, and c
 MEASURE_INCLUDE = "Measure the link's bandwidth where this run changed it or the site asked"
 VERIFY_TABLE_TASK = "Show the verification table"
 RETRY_EXCEEDED = "transport retry counter exceeded"
+DOCKER_FORWARD = "add chain ip filter FORWARD { type filter hook forward priority 0; policy drop; }"
 
 
 def sh(node, command: str, check: bool = True) -> str:
@@ -74,6 +76,10 @@ def ring(sim_ring, tmp_path_factory):
     """The ring converged by one site.yml run, and the run."""
     for n in sim_ring.nodes:
         sim.set_knobs(sim_ring.instance, n.name, {"sglang": {"load_seconds": 0.2}})
+    # As Docker leaves a DGX: the filter table's FORWARD policy drops, on both nodes the traffic across the ring
+    # passes (spark-1 between spark-0 and spark-2, spark-0 between spark-1 and spark-3).
+    for n in sim_ring.nodes[:2]:
+        sh(n, f"nft add table ip filter && nft '{DOCKER_FORWARD}'")
     extravars = {"verify_report_dir": str(tmp_path_factory.mktemp("reports"))}
     converged = run_playbook("site.yml", sim_ring.inventory, extravars=extravars)
     assert converged.rc == 0, converged.failure_messages() or converged.stdout[-3000:]
@@ -101,6 +107,10 @@ def test_each_cable_is_a_subnet_and_the_peers_are_reached_over_host_routes(ring)
               for a, b in (("spark-0", "spark-2"), ("spark-2", "spark-0"), ("spark-1", "spark-3"), ("spark-3", "spark-1"))}
     assert across == {("spark-0", "spark-2"): FIRST, ("spark-2", "spark-0"): SECOND,
                       ("spark-1", "spark-3"): SECOND, ("spark-3", "spark-1"): FIRST}, across
+    # The forward chain that drops lets the ring's traffic through between the two ports, and nothing else.
+    chain = sh(cluster.nodes[1], "nft list chain ip filter FORWARD")
+    assert f'iifname "{FIRST}" oifname "{SECOND}"' in chain and f'iifname "{SECOND}" oifname "{FIRST}"' in chain, chain
+    assert "policy drop" in chain and chain.count("accept") == 2, chain
     forwarding = sh(cluster.nodes[1], f"cat /proc/sys/net/ipv4/conf/{FIRST}/forwarding "
                                       f"/proc/sys/net/ipv4/conf/{SECOND}/forwarding /proc/sys/net/ipv4/conf/enP7s7/forwarding")
     assert forwarding.split() == ["1", "1", "0"], forwarding

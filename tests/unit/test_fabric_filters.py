@@ -510,3 +510,19 @@ def test_the_ports_set_down_are_the_rails_a_link_up_brings_back():
             {"ifname": RAIL2, "flags": ["NO-CARRIER", "BROADCAST", "UP"], "mtu": 9000, "addr_info": []}]
     # The fabric port is down; the rail is up without carrier (nothing a link up does); a port absent is no port.
     assert fabric.fabric_ports_down(down, [IFACE, RAIL2, "enP9s9"]) == [IFACE]
+
+
+def test_a_dropping_forward_chain_needs_the_rings_two_directions_once():
+    ports = ["enp1s0f0np0", "enp1s0f1np1"]
+    forward = {"chain": {"family": "ip", "table": "filter", "name": "FORWARD", "hook": "forward", "policy": "drop"}}
+    missing = fabric.fabric_nft_missing_forward({"nftables": [forward]}, ports)
+    assert missing == [
+        {"family": "ip", "table": "filter", "chain": "FORWARD", "in": ports[0], "out": ports[1],
+         "comment": "spark-fabric ring enp1s0f0np0 -> enp1s0f1np1"},
+        {"family": "ip", "table": "filter", "chain": "FORWARD", "in": ports[1], "out": ports[0],
+         "comment": "spark-fabric ring enp1s0f1np1 -> enp1s0f0np0"}]
+    done = {"rule": {"family": "ip", "table": "filter", "chain": "FORWARD", "expr": [{"accept": None}],
+                     "comment": missing[0]["comment"]}}
+    assert [m["in"] for m in fabric.fabric_nft_missing_forward({"nftables": [forward, done]}, ports)] == [ports[1]]
+    # An accepting forward chain, or an input chain, is nothing to open.
+    assert fabric.fabric_nft_missing_forward({"nftables": [chain("accept", hook="forward"), chain()]}, ports) == []
