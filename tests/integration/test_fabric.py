@@ -24,6 +24,7 @@ import pytest
 import testinfra
 
 from tests.harness import cluster as sim
+from tests.lib.fabric_runs import RDMA_BW_TASK
 from tests.lib.playbook import SITE_CHECK, run_playbook
 
 PLAYBOOK = "playbooks/fabric.yml"
@@ -40,7 +41,7 @@ BANDWIDTH_TASK = "Check the bandwidth against the minimum"
 TRUST_INCLUDE = "Set up the head's SSH trust to every worker"
 TRUST_PROOF_TASK = "Prove that the head reaches each worker over the fabric with the pinned key"
 RDMA_TASK = "Show each rail and whether NCCL can use RoCE on it, and why not"
-RDMA_BW_TASK = "Show the RDMA bandwidth of each rail and check it against the minimum"
+
 HCA = "rocep1s0f1"
 # The second rail of the cabled QSFP cage, which the harness inventory names (spark_fabric_extra_rails).
 RAIL2, HCA2 = sim.RAIL2_IFACE, sim.RAIL2_HCA

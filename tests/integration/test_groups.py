@@ -30,6 +30,7 @@ import pytest
 
 from tests.harness import cluster as sim
 from tests.lib.checkpoint_site import hub_stats
+from tests.lib.fabric_runs import RDMA_BW_TASK, assert_quiet_rerun, converge_from_scratch
 from tests.lib.looping_client import LoopingClient
 from tests.lib.playbook import run_playbook
 from tests.lib.prometheus_tools import prometheus_api
@@ -90,10 +91,8 @@ def serves(cluster, head, via) -> bool:
 NODES = ("spark-0", "spark-1", "spark-2", "spark-3")
 PAIRS = {(a, b) for a, b in combinations(NODES, 2)}
 RECORD = "/var/lib/spark-llm-fabric/proof.json"
-RDMA_BW_TASK = "Show the RDMA bandwidth of each rail and check it against the minimum"
 IPERF_TASK = "Check the bandwidth against the minimum"
 ROUNDS_INCLUDE = "Measure each round of pairs of peers that share no node"
-MEASURE_INCLUDE = "Measure the link's bandwidth where this run changed it or the site asked"
 VERIFY_TABLE_TASK = "Show the verification table"
 CHOOSE_TASK = "Choose the node this one takes the checkpoint from"
 SYNC_TASK = "Push the files from the source host over the fabric"
@@ -104,12 +103,7 @@ TRUST = "cat /root/.ssh/authorized_keys /root/.ssh/known_hosts* 2>/dev/null; ls 
 @pytest.fixture(scope="module")
 def tp4(sim_four, tmp_path_factory):
     """The group of four converged by one site.yml run, and the run (shared by the TP=4 tests)."""
-    for n in sim_four.nodes:
-        sim.set_knobs(sim_four.instance, n.name, {"sglang": {"load_seconds": 0.2}})
-    extravars = {"verify_report_dir": str(tmp_path_factory.mktemp("reports"))}
-    converged = run_playbook("site.yml", sim_four.inventory, extravars=extravars)
-    assert converged.rc == 0, converged.failure_messages() or converged.stdout[-3000:]
-    return sim_four, converged, extravars
+    return converge_from_scratch(sim_four, tmp_path_factory.mktemp("reports"))
 
 
 def test_ranks_0_to_3_meet_at_the_heads_fabric_address(tp4):
@@ -149,13 +143,7 @@ def test_the_fabric_proof_measures_and_names_every_pair_and_verify_passes(tp4):
 
 def test_a_second_tp4_run_changes_nothing_and_measures_nothing(tp4):
     cluster, _, extravars = tp4
-    again = run_playbook("site.yml", cluster.inventory, extravars=extravars)
-    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
-    assert again.changed == [], [(c["host"], c["task"]) for c in again.changed]
-    skipped = {e["event_data"]["host"] for e in again.task_events("runner_on_skipped")
-               if e["event_data"].get("task") == MEASURE_INCLUDE}
-    assert skipped == set(NODES)
-    assert again.results(RDMA_BW_TASK) == {} and again.results(IPERF_TASK) == {}
+    assert_quiet_rerun(run_playbook("site.yml", cluster.inventory, extravars=extravars), NODES, RDMA_BW_TASK, IPERF_TASK)
 
 
 # --- the same four as two groups of two behind the gateway ---------------------------------------------------------

@@ -18,6 +18,7 @@ import json
 import pytest
 
 from tests.harness import cluster as sim
+from tests.lib.fabric_runs import RDMA_BW_TASK, assert_quiet_rerun, converge_from_scratch
 from tests.lib.playbook import run_playbook
 
 pytestmark = pytest.mark.slow
@@ -27,9 +28,7 @@ FIRST, SECOND = sim.RING_PORTS
 NETPLAN = "/etc/netplan/40-cx7.yaml"
 RECORD = "/var/lib/spark-llm-fabric/proof.json"
 CABLING_CHECK = "Check the node's fabric address and prefix, subnet, MTU, interface and further rails"
-RDMA_BW_TASK = "Show the RDMA bandwidth of each rail and check it against the minimum"
 BUSBW_TASK = "Show the all-reduce bus bandwidth and the network NCCL used, and check it against the minimum"
-MEASURE_INCLUDE = "Measure the link's bandwidth where this run changed it or the site asked"
 VERIFY_TABLE_TASK = "Show the verification table"
 RETRY_EXCEEDED = "transport retry counter exceeded"
 DOCKER_FORWARD = "add chain ip filter FORWARD { type filter hook forward priority 0; policy drop; }"
@@ -74,16 +73,11 @@ def test_cabling_that_is_not_the_groups_order_or_does_not_close_is_refused_befor
 @pytest.fixture(scope="module")
 def ring(sim_ring, tmp_path_factory):
     """The ring converged by one site.yml run, and the run."""
-    for n in sim_ring.nodes:
-        sim.set_knobs(sim_ring.instance, n.name, {"sglang": {"load_seconds": 0.2}})
     # As Docker leaves a DGX: the filter table's FORWARD policy drops, on both nodes the traffic across the ring
     # passes (spark-1 between spark-0 and spark-2, spark-0 between spark-1 and spark-3).
     for n in sim_ring.nodes[:2]:
         sh(n, f"nft add table ip filter && nft '{DOCKER_FORWARD}'")
-    extravars = {"verify_report_dir": str(tmp_path_factory.mktemp("reports"))}
-    converged = run_playbook("site.yml", sim_ring.inventory, extravars=extravars)
-    assert converged.rc == 0, converged.failure_messages() or converged.stdout[-3000:]
-    return sim_ring, converged, extravars
+    return converge_from_scratch(sim_ring, tmp_path_factory.mktemp("reports"))
 
 
 def test_each_cable_is_a_subnet_and_the_peers_are_reached_over_host_routes(ring):
@@ -150,13 +144,7 @@ def test_the_proof_measures_each_cable_and_the_all_reduce_over_rdma(ring):
 
 def test_a_second_run_changes_nothing_and_measures_nothing(ring):
     cluster, _, extravars = ring
-    again = run_playbook("site.yml", cluster.inventory, extravars=extravars)
-    assert again.rc == 0, again.failure_messages() or again.stdout[-3000:]
-    assert again.changed == [], [(c["host"], c["task"]) for c in again.changed]
-    skipped = {e["event_data"]["host"] for e in again.task_events("runner_on_skipped")
-               if e["event_data"].get("task") == MEASURE_INCLUDE}
-    assert skipped == set(NODES)
-    assert again.results(RDMA_BW_TASK) == {} and again.results(BUSBW_TASK) == {}
+    assert_quiet_rerun(run_playbook("site.yml", cluster.inventory, extravars=extravars), NODES, RDMA_BW_TASK, BUSBW_TASK)
 
 
 def test_nccls_ring_fails_without_the_rings_settings_or_with_ranks_out_of_its_order(ring):
