@@ -242,7 +242,10 @@ def expose_sys_class() -> None:
         run(["mount", "--bind", SYS_CLASS, REAL_CLASS])
         # Else the tmpfs below would propagate onto this bind and hide the real classes.
         run(["mount", "--make-private", REAL_CLASS])
-    if run(["findmnt", "-n", "-o", "FSTYPE", "--mountpoint", SYS_CLASS], check=False).stdout.strip() != "tmpfs":
+    # The top of the mounts stacked there: nspawn binds /sys/class from sysfs where a node's /proc/sys/net is
+    # writable, and the tmpfs of an earlier start lies on that.
+    stacked = run(["findmnt", "-n", "-o", "FSTYPE", "--mountpoint", SYS_CLASS], check=False).stdout.split()
+    if stacked[-1:] != ["tmpfs"]:
         run(["mount", "-t", "tmpfs", "-o", "mode=0755", "spark-sim-class", SYS_CLASS])
     mounted = mount_targets()
     for name in sorted(os.listdir(REAL_CLASS)):
