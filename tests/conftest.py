@@ -37,7 +37,9 @@ from tests.lib.playbook import RUN_LOG
 
 # Modules that converge whole clusters, longest first: with parallel workers
 # a long module started last would finish alone while the other worker idles.
-# Everything else keeps its file order.
+# Then the modules that mostly wait (the stand-ins' processes, the benchmark's
+# measured runs): last, one of them ended the run alone for a minute with the
+# cores idle. Everything else keeps its file order.
 HEAVY_FIRST = (
     "test_supervisor.py",
     "test_change.py",
@@ -46,6 +48,7 @@ HEAVY_FIRST = (
     "test_server_nodes.py",
     "test_firewall.py",
     "test_groups.py",
+    "test_ring.py",
     "test_monitoring.py",
     "test_checkpoint_nodes.py",
     "test_checkpoint_local.py",
@@ -55,6 +58,11 @@ HEAVY_FIRST = (
     "test_doctor.py",
     "test_doctor_fingerprints.py",
     "test_fabric.py",
+    "test_sglang_standins.py",
+    "test_benchmark.py",
+    "test_build_cache.py",
+    "test_vllm_standins.py",
+    "test_checkpoint_modules.py",
     "test_verify.py",
     "test_preflight_running.py",
     "test_preflight.py",
