@@ -63,6 +63,12 @@ def collection_importable() -> None:
         sys.path.insert(0, str(COLLECTIONS))
 
 
+def module(name: str):
+    """plugins/modules/<name>.py imported by its package name (its helpers and constants, without running it)."""
+    collection_importable()
+    return importlib.import_module(f"ansible_collections.dgx_spark.llm_serving.plugins.modules.{name}")
+
+
 def module_utils(name: str):
     """plugins/module_utils/<name>.py imported as a module (the helpers are plain Python)."""
     collection_importable()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
+from tests.lib.role_module import module
 from tests.lib.roles import filter_plugin
 
 fabric = filter_plugin("fabric")
@@ -236,11 +236,7 @@ hca_id:\troceP2p1s0f1
 
 
 def test_the_probe_reads_each_ports_mtus_from_ibv_devinfo():
-    from tests.lib.role_module import collection_importable, module_path  # noqa: PLC0415 - the module needs the collection
-    collection_importable()
-    probe_spec = importlib.util.spec_from_file_location("fabric_probe", module_path("fabric_probe"))
-    probe = importlib.util.module_from_spec(probe_spec)
-    probe_spec.loader.exec_module(probe)
+    probe = module("fabric_probe")
     assert probe._devinfo_mtus(DEVINFO) == {("rocep1s0f1", 1): {"active_mtu": 1024, "max_mtu": 4096},
                                             ("roceP2p1s0f1", 1): {"active_mtu": 4096, "max_mtu": 4096}}
 

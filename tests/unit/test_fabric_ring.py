@@ -4,10 +4,9 @@ fix, and the cabling the nodes report checked against the group's order."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
+from tests.lib.role_module import module
 from tests.lib.roles import filter_plugin
 
 fabric = filter_plugin("fabric")
@@ -180,11 +179,7 @@ def test_first_ports_cabled_to_first_ports_close_no_ring():
 
 
 def test_the_probe_reads_who_answered_on_a_port_from_pings_output():
-    from tests.lib.role_module import collection_importable, module_path  # noqa: PLC0415 - the module needs the collection
-    collection_importable()
-    spec = importlib.util.spec_from_file_location("fabric_probe_ring", module_path("fabric_probe"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = module("fabric_probe")
     out = ("PING ff02::1(ff02::1) from :: enp1s0f0np0: 56 data bytes\n"
            "64 bytes from fe80::d07d:f2ff:fe67:ff9c%enp1s0f0np0: icmp_seq=1 ttl=64 time=0.046 ms\n"
            "64 bytes from fe80::7884:1dff:fe17:b040%enp1s0f0np0: icmp_seq=1 ttl=64 time=0.103 ms (DUP!)\n"
